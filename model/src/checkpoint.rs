@@ -1,0 +1,66 @@
+//! A Hugging Face Gemma-4 checkpoint directory: config.json + safetensors (+ tokenizer files).
+//! Opening validates every tensor the decoder needs (present, right shape, float dtype) without reading data.
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::names::{expected_tensors, Role, TensorSpec, LM_HEAD};
+use crate::weights::{SafetensorsStore, TensorInfo};
+use std::path::{Path, PathBuf};
+
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub store: SafetensorsStore,
+    /// The decoder's tensors in table order, each resolved to its location.
+    pub tensors: Vec<(TensorSpec, TensorInfo)>,
+}
+
+impl Checkpoint {
+    pub fn open(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(Error::file(dir, "not a checkpoint directory"));
+        }
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let store = SafetensorsStore::open_dir(dir)?;
+        let mut tensors = Vec::new();
+        for spec in expected_tensors(&config) {
+            let full = if spec.role == Role::LmHead { LM_HEAD.to_string() } else { format!("{}{}", config.prefix, spec.name) };
+            let info = store.get(&full).ok_or_else(|| {
+                let where_ = if store.files.len() == 1 {
+                    store.files[0].clone()
+                } else {
+                    dir.join("model.safetensors.index.json")
+                };
+                Error::tensor(&where_, &full, "missing from the checkpoint")
+            })?;
+            if info.shape != spec.shape {
+                return Err(Error::tensor(
+                    store.file_of(info),
+                    &full,
+                    format!("shape {:?}, config.json implies {:?}", info.shape, spec.shape),
+                ));
+            }
+            tensors.push((spec, info.clone()));
+        }
+        Ok(Checkpoint { dir: dir.to_path_buf(), config, store, tensors })
+    }
+
+    /// Location of a decoder tensor by its prefix-relative name (`layers.0.mlp.up_proj.weight`).
+    pub fn info(&self, name: &str) -> Result<&TensorInfo> {
+        self.tensors
+            .iter()
+            .find(|(s, _)| s.name == name)
+            .map(|(_, i)| i)
+            .ok_or_else(|| Error::Msg(format!("{}: decoder has no tensor {name:?}", self.dir.display())))
+    }
+
+    pub fn f32(&self, name: &str) -> Result<Vec<f32>> {
+        Ok(self.store.to_f32(self.info(name)?))
+    }
+
+    /// Tokenizer file, if the checkpoint has one.
+    pub fn tokenizer_path(&self) -> Option<PathBuf> {
+        let p = self.dir.join("tokenizer.json");
+        p.exists().then_some(p)
+    }
+}

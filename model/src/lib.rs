@@ -1,0 +1,22 @@
+//! hexq-model: the Gemma-4 text decoder as hexq sees it.
+//!
+//! - [`config`]: config.json (multimodal or causal-LM layout) → validated per-layer facts;
+//! - [`names`]: the tensor table (names, shapes, roles);
+//! - [`weights`] / [`checkpoint`]: memory-mapped safetensors, lazily read, validated at open;
+//! - [`forward`]: the exact f32 reference forward (candle), split host/device;
+//! - [`chat`]: tokenizer and chat template;
+//! - [`synth`]: random-weight checkpoints at any config (full-size benchmarks without the real weights).
+
+pub mod chat;
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod forward;
+pub mod names;
+pub mod synth;
+pub mod weights;
+
+pub use checkpoint::Checkpoint;
+pub use config::{AttnKind, KvMode, LayerSpec, ModelConfig};
+pub use error::{Error, Result};
+pub use forward::{KvCache, Model};

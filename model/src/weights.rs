@@ -1,0 +1,257 @@
+//! Memory-mapped safetensors, single file or sharded, read lazily one tensor at a time.
+//!
+//! Nothing is copied at open: headers are parsed and validated, tensor bytes stay in the mmap until a
+//! caller asks for one tensor (as f32, or as raw bytes for streaming writers). Every failure names the
+//! file and, where there is one, the tensor.
+
+use crate::error::{Error, Result};
+use half::{bf16, f16};
+use memmap2::Mmap;
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// Storage dtypes hexq reads (the ones Gemma checkpoints use).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+        }
+    }
+}
+
+/// Where one tensor lives.
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub file: usize,
+    /// Absolute byte range in the file.
+    pub start: usize,
+    pub end: usize,
+}
+
+impl TensorInfo {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// All safetensors files of one checkpoint, mapped.
+pub struct SafetensorsStore {
+    pub files: Vec<PathBuf>,
+    maps: Vec<Mmap>,
+    tensors: BTreeMap<String, TensorInfo>,
+}
+
+impl SafetensorsStore {
+    /// Open `model.safetensors` or the shards listed by `model.safetensors.index.json` in `dir`.
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::file(&index, format!("invalid JSON: {e}")))?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| Error::file(&index, "missing object \"weight_map\""))?;
+            let mut shards: Vec<String> = Vec::new();
+            for (t, f) in map {
+                let f = f
+                    .as_str()
+                    .ok_or_else(|| Error::file(&index, format!("weight_map[{t:?}] is not a file name")))?;
+                if !shards.iter().any(|s| s == f) {
+                    shards.push(f.to_string());
+                }
+            }
+            shards.sort();
+            let paths: Vec<PathBuf> = shards.iter().map(|s| dir.join(s)).collect();
+            let store = Self::open_files(&paths)?;
+            // The index must agree with the shards, or a later lookup would fail far from the cause.
+            for (t, f) in map {
+                let f = f.as_str().unwrap();
+                match store.tensors.get(t) {
+                    None => {
+                        return Err(Error::file(
+                            &index,
+                            format!("tensor {t:?} listed for shard {f:?} is not in that shard"),
+                        ))
+                    }
+                    Some(info) if store.files[info.file] != dir.join(f) => {
+                        return Err(Error::file(
+                            &index,
+                            format!("tensor {t:?} listed in {f:?} but found in {}", store.files[info.file].display()),
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+            Ok(store)
+        } else if single.exists() {
+            Self::open_files(&[single])
+        } else {
+            Err(Error::file(dir, "no model.safetensors or model.safetensors.index.json"))
+        }
+    }
+
+    pub fn open_files(paths: &[PathBuf]) -> Result<Self> {
+        let mut maps = Vec::new();
+        let mut tensors = BTreeMap::new();
+        for (fi, p) in paths.iter().enumerate() {
+            let f = File::open(p).map_err(|e| Error::io(p, e))?;
+            // SAFETY: the file is opened read-only; checkpoints are not modified while hexq runs.
+            let m = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(p, e))?;
+            for info in parse_header(p, &m, fi)? {
+                if let Some(prev) = tensors.insert(info.name.clone(), info) {
+                    return Err(Error::file(
+                        p,
+                        format!("tensor {:?} also present in {}", prev.name, paths[prev.file].display()),
+                    ));
+                }
+            }
+            maps.push(m);
+        }
+        Ok(Self { files: paths.to_vec(), maps, tensors })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.get(name)
+    }
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(|s| s.as_str())
+    }
+    pub fn infos(&self) -> impl Iterator<Item = &TensorInfo> {
+        self.tensors.values()
+    }
+    pub fn file_of(&self, info: &TensorInfo) -> &Path {
+        &self.files[info.file]
+    }
+
+    /// Raw little-endian bytes of a tensor, straight from the mmap.
+    pub fn bytes(&self, info: &TensorInfo) -> &[u8] {
+        &self.maps[info.file][info.start..info.end]
+    }
+
+    /// Rows `[r0, r1)` of a 2-D tensor as f32 (embedding lookups read only what they need).
+    pub fn rows_f32(&self, info: &TensorInfo, r0: usize, r1: usize) -> Vec<f32> {
+        let cols: usize = info.shape[1..].iter().product();
+        let es = info.dtype.size();
+        let b = self.bytes(info);
+        to_f32(&b[r0 * cols * es..r1 * cols * es], info.dtype)
+    }
+
+    /// A whole tensor as f32.
+    pub fn to_f32(&self, info: &TensorInfo) -> Vec<f32> {
+        to_f32(self.bytes(info), info.dtype)
+    }
+}
+
+/// Convert little-endian storage bytes to f32 (parallel; used on whole weight matrices).
+pub fn to_f32(b: &[u8], dt: DType) -> Vec<f32> {
+    let n = b.len() / dt.size();
+    let mut out = vec![0f32; n];
+    const CH: usize = 1 << 16;
+    match dt {
+        DType::F32 => out.par_chunks_mut(CH).enumerate().for_each(|(ci, o)| {
+            let s = &b[ci * CH * 4..];
+            for (i, v) in o.iter_mut().enumerate() {
+                *v = f32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+            }
+        }),
+        DType::BF16 => out.par_chunks_mut(CH).enumerate().for_each(|(ci, o)| {
+            let s = &b[ci * CH * 2..];
+            for (i, v) in o.iter_mut().enumerate() {
+                *v = bf16::from_bits(u16::from_le_bytes([s[2 * i], s[2 * i + 1]])).to_f32();
+            }
+        }),
+        DType::F16 => out.par_chunks_mut(CH).enumerate().for_each(|(ci, o)| {
+            let s = &b[ci * CH * 2..];
+            for (i, v) in o.iter_mut().enumerate() {
+                *v = f16::from_bits(u16::from_le_bytes([s[2 * i], s[2 * i + 1]])).to_f32();
+            }
+        }),
+    }
+    out
+}
+
+/// Parse and validate a safetensors header: 8-byte LE length, JSON, tensors tiling the data area.
+fn parse_header(path: &Path, m: &[u8], file: usize) -> Result<Vec<TensorInfo>> {
+    let bad = |msg: String| Error::file(path, msg);
+    if m.len() < 8 {
+        return Err(bad(format!("truncated: {} bytes, shorter than the 8-byte header length", m.len())));
+    }
+    let n = u64::from_le_bytes(m[..8].try_into().unwrap()) as usize;
+    if n > 100 << 20 || 8 + n > m.len() {
+        return Err(bad(format!("corrupt or truncated header: header length {n}, file length {}", m.len())));
+    }
+    let hdr: serde_json::Value = serde_json::from_slice(&m[8..8 + n])
+        .map_err(|e| bad(format!("corrupt header (not JSON): {e}")))?;
+    let obj = hdr.as_object().ok_or_else(|| bad("corrupt header: not a JSON object".into()))?;
+    let data0 = 8 + n;
+    let data_len = m.len() - data0;
+    let mut out = Vec::new();
+    for (name, v) in obj {
+        if name == "__metadata__" {
+            continue;
+        }
+        let terr = |msg: &str| bad(format!("tensor {name:?}: {msg}"));
+        let dt = v.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| terr("missing dtype"))?;
+        let dtype = match dt {
+            "F32" => DType::F32,
+            "F16" => DType::F16,
+            "BF16" => DType::BF16,
+            other => return Err(terr(&format!("unsupported dtype {other} (hexq reads F32, F16, BF16)"))),
+        };
+        let shape: Vec<usize> = v
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .ok_or_else(|| terr("missing shape"))?
+            .iter()
+            .map(|x| x.as_u64().map(|u| u as usize))
+            .collect::<Option<_>>()
+            .ok_or_else(|| terr("shape is not a list of integers"))?;
+        let offs = v
+            .get("data_offsets")
+            .and_then(|s| s.as_array())
+            .filter(|a| a.len() == 2)
+            .and_then(|a| Some((a[0].as_u64()? as usize, a[1].as_u64()? as usize)))
+            .ok_or_else(|| terr("missing or malformed data_offsets"))?;
+        let numel: usize = shape.iter().product();
+        if offs.1 < offs.0 || offs.1 - offs.0 != numel * dtype.size() {
+            return Err(terr(&format!(
+                "data_offsets {:?} hold {} bytes but shape {:?} {dt} needs {}",
+                offs,
+                offs.1.saturating_sub(offs.0),
+                shape,
+                numel * dtype.size()
+            )));
+        }
+        if offs.1 > data_len {
+            return Err(terr(&format!(
+                "data ends at byte {} but the file's data area has {data_len} bytes (truncated file?)",
+                offs.1
+            )));
+        }
+        out.push(TensorInfo { name: name.clone(), dtype, shape, file, start: data0 + offs.0, end: data0 + offs.1 });
+    }
+    Ok(out)
+}
