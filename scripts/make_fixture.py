@@ -278,7 +278,11 @@ def main():
         gold["sequences"][name] = {"ids": ids, "greedy8": g_c, "greedy8_uncached": g_nc,
                                    "max_abs_logit": float(logits.abs().max()),
                                    "max_abs_logit_precap": float(precap(ids))}
-    # Continuation of the longer sequence past the window with cache, compared position by position in Rust.
+    # The bf16 re-save, upcast to f32 by transformers: hexq's bf16 reading must reproduce it exactly.
+    m16 = transformers.Gemma4ForConditionalGeneration.from_pretrained(OUT_BF16, dtype=torch.float32).eval()
+    for name, ids in seqs.items():
+        with torch.no_grad():
+            tensors[f"{name}.logits_bf16_weights"] = m16(input_ids=torch.tensor([ids]), use_cache=False).logits[0].contiguous()
     save_file(tensors, str(GOLD / "golden.safetensors"))
     (GOLD / "golden.json").write_text(json.dumps(gold, indent=1, ensure_ascii=False) + "\n")
     print("fixture:", sum(f.stat().st_size for f in OUT.iterdir()) / 1e6, "MB;",
