@@ -1,1 +1,201 @@
-fn main() {}
+//! `hexq` — the command line over the pipeline crates (model, calibrate, quantize, export, runtime).
+
+mod bundled;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand, ValueEnum};
+use hexq_model::chat::{Message, Tokenizer};
+use hexq_model::names::param_counts;
+use hexq_model::{Checkpoint, Model};
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(name = "hexq", version, about = "Gemma-4 → Qualcomm Hexagon NPU: load, calibrate, quantize, export, compile, run, verify")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Summarise a checkpoint: config, per-layer facts, parameter counts, tensors.
+    Inspect {
+        /// Checkpoint directory (config.json + safetensors); default: the bundled tiny Gemma-4.
+        model: Option<PathBuf>,
+        /// List every decoder tensor (name, dtype, shape, file).
+        #[arg(long)]
+        tensors: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generate greedily from a chat-formatted prompt.
+    Run {
+        /// Checkpoint directory; default: the bundled tiny Gemma-4.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long)]
+        prompt: String,
+        /// Optional system turn before the prompt.
+        #[arg(long)]
+        system: Option<String>,
+        #[arg(long, default_value_t = 32)]
+        max_tokens: usize,
+        #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+        backend: BackendKind,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a random-weight bf16 checkpoint with the real names and shapes of a config (streamed).
+    Synth {
+        /// A Gemma-4 config.json (e.g. ../shared/docs/e2b-config-inferred.json).
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Largest shard in bytes (0 = a single file).
+        #[arg(long, default_value_t = 4 << 30)]
+        shard_bytes: u64,
+        /// Replace an existing output directory.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BackendKind {
+    /// The f32 reference forward (candle).
+    Cpu,
+}
+
+fn model_dir(m: Option<PathBuf>) -> Result<PathBuf> {
+    match m {
+        Some(p) => Ok(p),
+        None => bundled::tiny_gemma4_dir(),
+    }
+}
+
+fn progress(len: u64, msg: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .unwrap()
+            .progress_chars("=> "),
+    );
+    pb.set_message(msg.to_string());
+    pb
+}
+
+fn inspect(model: Option<PathBuf>, tensors: bool, as_json: bool) -> Result<()> {
+    let dir = model_dir(model)?;
+    let ck = Checkpoint::open(&dir)?;
+    let c = &ck.config;
+    let pc = param_counts(c);
+    let dtypes: std::collections::BTreeMap<&str, usize> = ck.tensors.iter().fold(Default::default(), |mut m, (_, i)| {
+        *m.entry(i.dtype.name()).or_default() += 1;
+        m
+    });
+    let bytes: u64 = ck.tensors.iter().map(|(_, i)| (i.end - i.start) as u64).sum();
+    if as_json {
+        let t: Vec<_> = ck
+            .tensors
+            .iter()
+            .map(|(s, i)| json!({"name": i.name, "dtype": i.dtype.name(), "shape": i.shape, "role": s.role,
+                                 "file": ck.store.file_of(i).file_name().map(|f| f.to_string_lossy().into_owned())}))
+            .collect();
+        let mut out = json!({"dir": dir, "config": c, "parameters": pc, "dtypes": dtypes, "bytes": bytes,
+                             "files": ck.store.files});
+        if tensors {
+            out["tensors"] = json!(t);
+        }
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!("{}", dir.display());
+    println!("  layout           {:?} (tensors under {:?})", c.layout, c.prefix);
+    println!("  hidden {} | layers {} | q heads {} | vocab {} | eps {}", c.hidden_size, c.num_layers, c.num_heads, c.vocab_size, c.rms_norm_eps);
+    println!("  sliding window {} | softcap {:?} | tied head {} | PLE dim {} (vocab {})", c.sliding_window, c.final_logit_softcapping, c.tie_word_embeddings, c.ple_dim, c.ple_vocab);
+    for (k, r) in &c.rope {
+        println!("  rope {k:<18} {} theta {} head_dim {} rotated {}/{} freqs", r.rope_type, r.theta, r.head_dim, r.rotated, r.head_dim / 2);
+    }
+    println!("  KV-shared layers {}; files {}; dtypes {:?}; {:.2} GiB", c.num_kv_shared_layers, ck.store.files.len(), dtypes, bytes as f64 / (1u64 << 30) as f64);
+    println!("  layer  type     head_dim kv_heads  kv            mlp");
+    for l in &c.layers {
+        let kv = match l.kv_mode {
+            hexq_model::KvMode::Own => "own".to_string(),
+            hexq_model::KvMode::Store => "store".to_string(),
+            hexq_model::KvMode::Reuse => format!("reuse L{}", l.kv_source),
+        };
+        let kind = if l.kind == hexq_model::AttnKind::Sliding { "sliding" } else { "full" };
+        println!("  {:>5}  {:<8} {:>8} {:>8}  {:<13} {}", l.index, kind, l.head_dim, l.num_kv_heads, kv, l.mlp_width);
+    }
+    let g = |n: usize| format!("{n} ({:.3} B)", n as f64 / 1e9);
+    println!("  parameters: decoder {} | token embedding {} | per-layer embedding {} | total {}", g(pc.decoder), g(pc.token_embedding), g(pc.per_layer_embedding), g(pc.total));
+    if tensors {
+        for (s, i) in &ck.tensors {
+            let host = if s.role.is_vocab() { " (host)" } else { "" };
+            println!("  {:<70} {:<5} {:?}{host}", i.name, i.dtype.name(), i.shape);
+        }
+    }
+    Ok(())
+}
+
+fn run(model: Option<PathBuf>, prompt: String, system: Option<String>, max_tokens: usize, backend: BackendKind, as_json: bool) -> Result<()> {
+    let dir = model_dir(model)?;
+    let ck = Arc::new(Checkpoint::open(&dir)?);
+    let tok = Tokenizer::from_dir(&dir)?;
+    let mut b: Box<dyn hexq_runtime::Backend> = match backend {
+        BackendKind::Cpu => Box::new(hexq_runtime::CpuBackend::new(Model::load(ck)?)),
+    };
+    let mut msgs = Vec::new();
+    if let Some(s) = system {
+        msgs.push(Message { role: "system".into(), content: s });
+    }
+    msgs.push(Message::user(&prompt));
+    let g = hexq_runtime::generate(b.as_mut(), &tok, &msgs, max_tokens)?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&g)?);
+    } else {
+        println!("{}", g.text);
+        eprintln!(
+            "[{}] prompt {} tokens, generated {} ({}), prefill {:.3}s, decode {:.2} tok/s",
+            g.backend, g.prompt_ids.len(), g.generated_ids.len(), g.stop_reason, g.prefill_seconds, g.decode_tokens_per_second
+        );
+    }
+    Ok(())
+}
+
+fn synth(config: PathBuf, out: PathBuf, seed: u64, shard_bytes: u64, force: bool, as_json: bool) -> Result<()> {
+    let cfg = hexq_model::ModelConfig::from_file(&config)?;
+    let total: u64 = hexq_model::names::expected_tensors(&cfg).iter().map(|t| t.numel() as u64 * 2).sum();
+    let pb = progress(total, "synth");
+    let opt = hexq_model::synth::SynthOptions { seed, max_shard_bytes: shard_bytes, force };
+    let t0 = std::time::Instant::now();
+    let r = hexq_model::synth::synth(&config, &out, &opt, &pb)?;
+    pb.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&json!({"dir": r.dir, "files": r.files, "tensors": r.tensors, "bytes": r.bytes, "seconds": secs}))?);
+    } else {
+        println!("{}: {} tensors, {:.2} GiB bf16 in {} file(s), {:.1}s", r.dir.display(), r.tensors, r.bytes as f64 / (1u64 << 30) as f64, r.files.len(), secs);
+    }
+    Ok(())
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Inspect { model, tensors, json } => inspect(model, tensors, json),
+        Cmd::Run { model, prompt, system, max_tokens, backend, json } => run(model, prompt, system, max_tokens, backend, json),
+        Cmd::Synth { config, out, seed, shard_bytes, force, json } => synth(config, out, seed, shard_bytes, force, json),
+    };
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod forward;
+pub mod fsutil;
 pub mod names;
 pub mod synth;
 pub mod weights;

@@ -1,1 +1,105 @@
-//! placeholder
+//! hexq-runtime: the host loop — chat template, embeddings, KV positions, lm_head + softcap, greedy
+//! sampling, stop on `<turn|>` (106) or `<eos>` (1) — over interchangeable backends. A backend only turns
+//! token ids at the next positions into next-token logits; everything else is here, shared.
+//!
+//! Backends: `cpu` (the reference forward). Later issues add `graph` (IR interpreter), `ort`, `qnn`, `llama`.
+
+use hexq_model::chat::{Message, Tokenizer, STOP_IDS};
+use hexq_model::forward::{argmax, to_rows};
+use hexq_model::{KvCache, Model};
+use serde::Serialize;
+use std::time::Instant;
+
+pub type Result<T> = std::result::Result<T, hexq_model::Error>;
+
+pub trait Backend {
+    fn name(&self) -> &str;
+    /// Forget all positions.
+    fn reset(&mut self);
+    /// Run `ids` at the next positions; return the logits (after softcap) of the last one.
+    fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>>;
+}
+
+/// The f32 reference forward with its KV cache.
+pub struct CpuBackend {
+    pub model: Model,
+    cache: KvCache,
+}
+
+impl CpuBackend {
+    pub fn new(model: Model) -> Self {
+        let n = model.cfg.num_layers;
+        CpuBackend { model, cache: KvCache::new(n) }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+    fn reset(&mut self) {
+        self.cache = KvCache::new(self.model.cfg.num_layers);
+    }
+    fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        let logits = self.model.forward(ids, &mut self.cache)?;
+        let mut rows = to_rows(&logits)?;
+        Ok(rows.pop().unwrap_or_default())
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Generation {
+    pub backend: String,
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    pub text: String,
+    /// "stop_token" (106 or 1 emitted; not included in text) or "max_tokens".
+    pub stop_reason: String,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    pub decode_tokens_per_second: f64,
+}
+
+/// Greedy generation from already-templated prompt ids.
+pub fn generate_ids(b: &mut dyn Backend, prompt_ids: &[u32], max_tokens: usize) -> Result<(Vec<u32>, String, f64, f64)> {
+    b.reset();
+    let t0 = Instant::now();
+    let mut logits = b.feed(prompt_ids)?;
+    let prefill = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let mut out = Vec::new();
+    let mut reason = "max_tokens".to_string();
+    while out.len() < max_tokens {
+        let next = argmax(&logits);
+        out.push(next);
+        if STOP_IDS.contains(&next) {
+            reason = "stop_token".into();
+            break;
+        }
+        if out.len() == max_tokens {
+            break;
+        }
+        logits = b.feed(&[next])?;
+    }
+    Ok((out, reason, prefill, t1.elapsed().as_secs_f64()))
+}
+
+/// Chat-format `messages`, generate greedily, decode the text (stop token excluded).
+pub fn generate(b: &mut dyn Backend, tok: &Tokenizer, messages: &[Message], max_tokens: usize) -> Result<Generation> {
+    let prompt_ids = tok.encode_chat(messages)?;
+    let (ids, reason, prefill, decode) = generate_ids(b, &prompt_ids, max_tokens)?;
+    let body: Vec<u32> = ids.iter().copied().filter(|i| !STOP_IDS.contains(i)).collect();
+    let text = tok.decode(&body, false)?;
+    // Tokens produced by decode steps: the first comes from prefill.
+    let steps = ids.len().saturating_sub(1);
+    Ok(Generation {
+        backend: b.name().to_string(),
+        prompt_ids,
+        generated_ids: ids,
+        text,
+        stop_reason: reason,
+        prefill_seconds: prefill,
+        decode_seconds: decode,
+        decode_tokens_per_second: if decode > 0.0 { steps as f64 / decode } else { 0.0 },
+    })
+}
