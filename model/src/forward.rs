@@ -50,19 +50,87 @@ impl KvCache {
 /// Per-position hidden states of one trunk call: `[h0, out_0, …, out_{L-1}, final_normed]`, each [S, H].
 pub type Trace = Vec<Tensor>;
 
+/// The host side of every backend: vocab-sized lookups from the mmap and the tied lm_head + softcap.
+pub struct Host {
+    pub ckpt: Arc<Checkpoint>,
+    pub cfg: ModelConfig,
+    dev: Device,
+    /// [V, H] f32, the tied (or untied) head.
+    head: Tensor,
+    embed_scale: f32,
+    ple_scale: f32,
+}
+
+impl Host {
+    pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self> {
+        let dev = Device::Cpu;
+        let cfg = ckpt.config.clone();
+        let head_name = if cfg.tie_word_embeddings { names::EMBED } else { names::LM_HEAD };
+        let hi = ckpt.info(head_name)?;
+        let head = Tensor::from_vec(ckpt.store.to_f32(hi), hi.shape.as_slice(), &dev)?;
+        let embed_dt = ckpt.info(names::EMBED)?.dtype;
+        let ple_dt = if cfg.ple_dim > 0 { ckpt.info(names::EMBED_PLE)?.dtype } else { embed_dt };
+        Ok(Host { embed_scale: cfg.embed_scale(embed_dt), ple_scale: cfg.ple_embed_scale(ple_dt), head, cfg, dev, ckpt })
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.cfg.vocab_size) {
+            return Err(crate::Error::Msg(format!("token id {bad} out of range (vocab_size {})", self.cfg.vocab_size)));
+        }
+        Ok(())
+    }
+
+    /// Scaled token embeddings [S, H] (rows read from the mmap).
+    pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
+        self.check_ids(ids)?;
+        let info = self.ckpt.info(names::EMBED)?;
+        let h = self.cfg.hidden_size;
+        let mut out = Vec::with_capacity(ids.len() * h);
+        for &id in ids {
+            out.extend(self.ckpt.store.rows_f32(info, id as usize, id as usize + 1).iter().map(|v| v * self.embed_scale));
+        }
+        Ok(Tensor::from_vec(out, (ids.len(), h), &self.dev)?)
+    }
+
+    /// Scaled per-layer token embeddings [S, L, P], or None when PLE is off.
+    pub fn ple_lookup(&self, ids: &[u32]) -> Result<Option<Tensor>> {
+        if self.cfg.ple_dim == 0 {
+            return Ok(None);
+        }
+        self.check_ids(ids)?;
+        let info = self.ckpt.info(names::EMBED_PLE)?;
+        let (l, p) = (self.cfg.num_layers, self.cfg.ple_dim);
+        let mut out = Vec::with_capacity(ids.len() * l * p);
+        for &id in ids {
+            let id = id as usize;
+            if id >= self.cfg.ple_vocab {
+                return Err(crate::Error::Msg(format!("token id {id} out of range (vocab_size_per_layer_input {})", self.cfg.ple_vocab)));
+            }
+            out.extend(self.ckpt.store.rows_f32(info, id, id + 1).iter().map(|v| v * self.ple_scale));
+        }
+        Ok(Some(Tensor::from_vec(out, (ids.len(), l, p), &self.dev)?))
+    }
+
+    /// logits [S, V] = h @ E^T, then softcap c·tanh(x/c) when configured.
+    pub fn lm_head(&self, h: &Tensor) -> Result<Tensor> {
+        let logits = mm_t(h, &self.head)?;
+        Ok(match self.cfg.final_logit_softcapping {
+            Some(cap) => ((logits / cap)?.tanh()? * cap)?,
+            None => logits,
+        })
+    }
+}
+
 pub struct Model {
     pub ckpt: Arc<Checkpoint>,
     pub cfg: ModelConfig,
+    pub host: Host,
     dev: Device,
     layers: Vec<LayerW>,
     ple_model_proj: Option<Tensor>,
     ple_proj_norm: Option<Tensor>,
     final_norm: Tensor,
-    /// [V, H] f32, the tied (or untied) head.
-    head: Tensor,
     inv_freq: std::collections::BTreeMap<String, Vec<f32>>,
-    embed_scale: f32,
-    ple_scale: f32,
 }
 
 fn mm_t(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
@@ -128,18 +196,13 @@ impl Model {
                 scalar: ckpt.f32(&layer(i, "layer_scalar"))?[0],
             });
         }
-        let head_name = if cfg.tie_word_embeddings { names::EMBED } else { names::LM_HEAD };
-        let embed_dt = ckpt.info(names::EMBED)?.dtype;
-        let ple_dt = if ple { ckpt.info(names::EMBED_PLE)?.dtype } else { embed_dt };
         let inv_freq = cfg.rope.iter().map(|(k, r)| (k.clone(), r.inv_freq())).collect();
         Ok(Model {
             ple_model_proj: opt(names::PLE_PROJ, ple)?,
             ple_proj_norm: opt(names::PLE_PROJ_NORM, ple)?,
             final_norm: t(names::FINAL_NORM)?,
-            head: t(head_name)?,
             inv_freq,
-            embed_scale: cfg.embed_scale(embed_dt),
-            ple_scale: cfg.ple_embed_scale(ple_dt),
+            host: Host::load(ckpt.clone())?,
             layers,
             cfg,
             dev,
@@ -151,42 +214,14 @@ impl Model {
         &self.dev
     }
 
-    fn check_ids(&self, ids: &[u32]) -> Result<()> {
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.cfg.vocab_size) {
-            return Err(crate::Error::Msg(format!("token id {bad} out of range (vocab_size {})", self.cfg.vocab_size)));
-        }
-        Ok(())
-    }
-
-    /// Host: scaled token embeddings [S, H] (rows read from the mmap).
     pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
-        self.check_ids(ids)?;
-        let info = self.ckpt.info(names::EMBED)?;
-        let h = self.cfg.hidden_size;
-        let mut out = Vec::with_capacity(ids.len() * h);
-        for &id in ids {
-            out.extend(self.ckpt.store.rows_f32(info, id as usize, id as usize + 1).iter().map(|v| v * self.embed_scale));
-        }
-        Ok(Tensor::from_vec(out, (ids.len(), h), &self.dev)?)
+        self.host.embed(ids)
     }
-
-    /// Host: scaled per-layer token embeddings [S, L, P], or None when PLE is off.
     pub fn ple_lookup(&self, ids: &[u32]) -> Result<Option<Tensor>> {
-        if self.cfg.ple_dim == 0 {
-            return Ok(None);
-        }
-        self.check_ids(ids)?;
-        let info = self.ckpt.info(names::EMBED_PLE)?;
-        let (l, p) = (self.cfg.num_layers, self.cfg.ple_dim);
-        let mut out = Vec::with_capacity(ids.len() * l * p);
-        for &id in ids {
-            let id = id as usize;
-            if id >= self.cfg.ple_vocab {
-                return Err(crate::Error::Msg(format!("token id {id} out of range (vocab_size_per_layer_input {})", self.cfg.ple_vocab)));
-            }
-            out.extend(self.ckpt.store.rows_f32(info, id, id + 1).iter().map(|v| v * self.ple_scale));
-        }
-        Ok(Some(Tensor::from_vec(out, (ids.len(), l, p), &self.dev)?))
+        self.host.ple_lookup(ids)
+    }
+    pub fn lm_head(&self, h: &Tensor) -> Result<Tensor> {
+        self.host.lm_head(h)
     }
 
     fn rope(&self, kind: AttnKind, pos0: usize, s: usize) -> candle_core::Result<(Tensor, Tensor)> {
@@ -321,15 +356,6 @@ impl Model {
             t.push(out.clone());
         }
         Ok(out)
-    }
-
-    /// Host: logits [S, V] = h @ E^T, then softcap c·tanh(x/c) when configured.
-    pub fn lm_head(&self, h: &Tensor) -> Result<Tensor> {
-        let logits = mm_t(h, &self.head)?;
-        Ok(match self.cfg.final_logit_softcapping {
-            Some(cap) => ((logits / cap)?.tanh()? * cap)?,
-            None => logits,
-        })
     }
 
     /// Full forward: ids at positions cache.len.. → logits [S, V].

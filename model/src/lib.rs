@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod forward;
 pub mod fsutil;
+pub mod graph;
 pub mod names;
 pub mod synth;
 pub mod weights;

@@ -4,6 +4,8 @@
 //!
 //! Backends: `cpu` (the reference forward). Later issues add `graph` (IR interpreter), `ort`, `qnn`, `llama`.
 
+pub mod graph;
+
 use hexq_model::chat::{Message, Tokenizer, STOP_IDS};
 use hexq_model::forward::{argmax, to_rows};
 use hexq_model::{KvCache, Model};

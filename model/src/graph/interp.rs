@@ -1,0 +1,233 @@
+//! CPU interpreter for the IR, f32 (ints as i64, bools as u8), on candle tensors. Used by tests, calibration
+//! (an observer sees every tensor) and quantsim (a hook may replace any tensor, e.g. by its fake-quantized
+//! copy). Weights are fetched lazily from a [`WeightSource`] and cached per initializer.
+
+use super::ir::{DType, Graph, InitSource, Op};
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use candle_core::{DType as CD, Device, Tensor};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Supplies checkpoint tensors as f32 by prefix-relative name.
+pub trait WeightSource: Send + Sync {
+    fn weight(&self, name: &str) -> Result<Tensor>;
+}
+
+impl WeightSource for Checkpoint {
+    fn weight(&self, name: &str) -> Result<Tensor> {
+        let info = self.info(name)?;
+        Ok(Tensor::from_vec(self.store.to_f32(info), info.shape.as_slice(), &Device::Cpu)?)
+    }
+}
+
+/// Called for every graph input, initializer and node output; may return a replacement (fake-quant).
+pub trait Hook {
+    fn tensor(&mut self, _name: &str, _t: &Tensor) -> Option<Tensor> {
+        None
+    }
+}
+
+pub struct NoHook;
+impl Hook for NoHook {}
+
+pub struct Interpreter {
+    pub graph: Graph,
+    src: Arc<dyn WeightSource>,
+    /// Initializer values (weights transposed as the graph wants them), built on first use.
+    cache: Mutex<HashMap<String, Tensor>>,
+    /// For each node, the values whose last use it is (freed after it runs).
+    frees: Vec<Vec<String>>,
+}
+
+fn e(node: &str, m: impl std::fmt::Display) -> Error {
+    Error::Msg(format!("interpreter: node {node:?}: {m}"))
+}
+
+impl Interpreter {
+    pub fn new(graph: Graph, src: Arc<dyn WeightSource>) -> Result<Self> {
+        graph.validate().map_err(|g| Error::Msg(g.to_string()))?;
+        let mut last: HashMap<&str, usize> = HashMap::new();
+        for (k, n) in graph.nodes.iter().enumerate() {
+            for i in &n.inputs {
+                last.insert(i, k);
+            }
+        }
+        let outs: std::collections::HashSet<&str> = graph.outputs.iter().map(|o| o.name.as_str()).collect();
+        let mut frees = vec![Vec::new(); graph.nodes.len()];
+        for (name, k) in last {
+            if !outs.contains(name) && !graph.initializers.iter().any(|i| i.name == name) {
+                frees[k].push(name.to_string());
+            }
+        }
+        Ok(Interpreter { graph, src, cache: Mutex::new(HashMap::new()), frees })
+    }
+
+    fn init_value(&self, name: &str) -> Result<Tensor> {
+        if let Some(t) = self.cache.lock().unwrap().get(name) {
+            return Ok(t.clone());
+        }
+        let init = self.graph.initializers.iter().find(|i| i.name == name).unwrap();
+        let dev = Device::Cpu;
+        let t = match &init.source {
+            InitSource::F32(v) => Tensor::from_vec(v.clone(), init.ty.shape.as_slice(), &dev)?,
+            InitSource::I64(v) => Tensor::from_vec(v.clone(), init.ty.shape.as_slice(), &dev)?,
+            InitSource::Weight { tensor, transpose } => {
+                let w = self.src.weight(tensor)?;
+                let w = if *transpose { w.t()?.contiguous()? } else { w };
+                w.reshape(init.ty.shape.as_slice())?
+            }
+        };
+        self.cache.lock().unwrap().insert(name.to_string(), t.clone());
+        Ok(t)
+    }
+
+    /// Run the graph. `inputs` by name (f32 tensors; int inputs as i64 or u32/i32-valued f32 are not accepted:
+    /// pass i64). Returns the graph outputs by name.
+    pub fn run(&self, inputs: &HashMap<String, Tensor>, hook: &mut dyn Hook) -> Result<HashMap<String, Tensor>> {
+        let g = &self.graph;
+        let mut vals: HashMap<String, Tensor> = HashMap::new();
+        for vi in &g.inputs {
+            let t = inputs.get(&vi.name).ok_or_else(|| Error::Msg(format!("graph {}: missing input {:?}", g.name, vi.name)))?;
+            if t.dims() != vi.ty.shape.as_slice() {
+                return Err(Error::Msg(format!("graph {}: input {:?} has shape {:?}, contract says {:?}", g.name, vi.name, t.dims(), vi.ty.shape)));
+            }
+            let want = if vi.ty.dtype.is_float() { CD::F32 } else { CD::I64 };
+            let t = t.to_dtype(want)?;
+            let t = hook.tensor(&vi.name, &t).unwrap_or(t);
+            vals.insert(vi.name.clone(), t);
+        }
+        for init in &g.initializers {
+            let t = self.init_value(&init.name)?;
+            let t = hook.tensor(&init.name, &t).unwrap_or(t);
+            vals.insert(init.name.clone(), t);
+        }
+        for (k, n) in g.nodes.iter().enumerate() {
+            let ins: Vec<&Tensor> = n.inputs.iter().map(|i| &vals[i]).collect();
+            let out_ty = &g.types[&n.outputs[0]];
+            let t = eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&n.name, m))?;
+            let t = hook.tensor(&n.outputs[0], &t).unwrap_or(t);
+            vals.insert(n.outputs[0].clone(), t);
+            for f in &self.frees[k] {
+                vals.remove(f);
+            }
+        }
+        Ok(g.outputs.iter().map(|o| (o.name.clone(), vals.remove(&o.name).unwrap())).collect())
+    }
+}
+
+fn bshape(t: &Tensor, shape: &[usize]) -> candle_core::Result<Tensor> {
+    if t.dims() == shape { Ok(t.clone()) } else { t.broadcast_as(shape)?.contiguous() }
+}
+
+fn i64s(t: &Tensor) -> candle_core::Result<Vec<i64>> {
+    t.to_dtype(CD::I64)?.flatten_all()?.to_vec1::<i64>()
+}
+
+fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
+    let dev = Device::Cpu;
+    Ok(match op {
+        Op::MatMul => x[0].broadcast_matmul(x[1])?,
+        Op::Add => x[0].broadcast_add(x[1])?,
+        Op::Sub => x[0].broadcast_sub(x[1])?,
+        Op::Mul => x[0].broadcast_mul(x[1])?,
+        Op::Div => x[0].broadcast_div(x[1])?,
+        Op::Pow => {
+            let a = bshape(x[0], out)?.flatten_all()?.to_vec1::<f32>()?;
+            let b = bshape(&x[1].to_dtype(CD::F32)?, out)?.flatten_all()?.to_vec1::<f32>()?;
+            Tensor::from_vec(a.iter().zip(&b).map(|(p, q)| p.powf(*q)).collect::<Vec<_>>(), out, &dev)?
+        }
+        Op::Sqrt => x[0].sqrt()?,
+        Op::Reciprocal => x[0].recip()?,
+        Op::Neg => x[0].neg()?,
+        Op::Tanh => x[0].tanh()?,
+        Op::Cos => x[0].cos()?,
+        Op::Sin => x[0].sin()?,
+        Op::Mod => {
+            let a = i64s(&bshape(x[0], out)?)?;
+            let b = i64s(&bshape(x[1], out)?)?;
+            Tensor::from_vec(a.iter().zip(&b).map(|(p, q)| p.rem_euclid(*q) + if *q < 0 && p.rem_euclid(*q) != 0 { *q } else { 0 }).collect::<Vec<_>>(), out, &dev)?
+        }
+        Op::ReduceMean { axes, keepdims } => {
+            let r = x[0].rank();
+            let mut t = x[0].clone();
+            let mut ax: Vec<usize> = axes.iter().map(|&a| if a < 0 { (a + r as i64) as usize } else { a as usize }).collect();
+            ax.sort();
+            for &a in ax.iter().rev() {
+                t = t.mean_keepdim(a)?;
+            }
+            if !keepdims { t.reshape(out)? } else { t }
+        }
+        Op::Softmax { axis } => {
+            let a = if *axis < 0 { (*axis + x[0].rank() as i64) as usize } else { *axis as usize };
+            let m = x[0].max_keepdim(a)?;
+            let ex = x[0].broadcast_sub(&m)?.exp()?;
+            ex.broadcast_div(&ex.sum_keepdim(a)?)?
+        }
+        Op::Reshape { .. } | Op::Unsqueeze { .. } => x[0].reshape(out)?,
+        Op::Transpose { perm } => x[0].permute(perm.as_slice())?.contiguous()?,
+        Op::Concat { axis } => {
+            let a = if *axis < 0 { (*axis + x[0].rank() as i64) as usize } else { *axis as usize };
+            Tensor::cat(x, a)?
+        }
+        Op::Slice { starts, ends, axes } => {
+            let mut t = x[0].clone();
+            for ((&st, &en), &ax) in starts.iter().zip(ends).zip(axes) {
+                let a = if ax < 0 { (ax + t.rank() as i64) as usize } else { ax as usize };
+                let d = t.dim(a)? as i64;
+                let cl = |v: i64| if v < 0 { (v + d).max(0) } else { v.min(d) };
+                let (s0, s1) = (cl(st), cl(en));
+                t = t.narrow(a, s0 as usize, (s1 - s0).max(0) as usize)?;
+            }
+            t.contiguous()?
+        }
+        Op::Gather { axis } => {
+            let a = if *axis < 0 { (*axis + x[0].rank() as i64) as usize } else { *axis as usize };
+            let d = x[0].dim(a)? as i64;
+            let idx: Vec<i64> = i64s(x[1])?.into_iter().map(|i| if i < 0 { i + d } else { i }).collect();
+            if let Some(bad) = idx.iter().find(|&&i| i < 0 || i >= d) {
+                candle_core::bail!("Gather index {bad} out of range for axis of {d}");
+            }
+            let it = Tensor::from_vec(idx, x[1].elem_count(), &dev)?;
+            x[0].index_select(&it, a)?.reshape(out)?
+        }
+        Op::ScatterND => {
+            let data = x[0].contiguous()?;
+            let shape = data.dims().to_vec();
+            let idx = i64s(x[1])?;
+            let k = *x[1].dims().last().unwrap();
+            let inner: usize = shape[k..].iter().product();
+            let is_f = data.dtype() == CD::F32;
+            let mut dv: Vec<f32> = if is_f { data.flatten_all()?.to_vec1()? } else { i64s(&data)?.into_iter().map(|v| v as f32).collect() };
+            let uv: Vec<f32> = x[2].to_dtype(CD::F32)?.flatten_all()?.to_vec1()?;
+            let strides: Vec<usize> = (0..k).map(|i| shape[i + 1..].iter().product()).collect();
+            for (r, ix) in idx.chunks(k).enumerate() {
+                let mut off = 0;
+                for (j, &v) in ix.iter().enumerate() {
+                    let dj = shape[j] as i64;
+                    let v = if v < 0 { v + dj } else { v };
+                    if v < 0 || v >= dj {
+                        candle_core::bail!("ScatterND index {v} out of range for dim {dj}");
+                    }
+                    off += v as usize * strides[j];
+                }
+                dv[off..off + inner].copy_from_slice(&uv[r * inner..(r + 1) * inner]);
+            }
+            let t = Tensor::from_vec(dv, shape.as_slice(), &dev)?;
+            if is_f { t } else { t.to_dtype(CD::I64)? }
+        }
+        Op::Where => {
+            let c = bshape(x[0], out)?;
+            c.where_cond(&bshape(x[1], out)?, &bshape(x[2], out)?)?
+        }
+        Op::Equal => x[0].broadcast_eq(x[1])?,
+        Op::Less => x[0].broadcast_lt(x[1])?,
+        Op::Greater => x[0].broadcast_gt(x[1])?,
+        Op::Cast { to } => match to {
+            DType::F32 | DType::F16 | DType::BF16 => x[0].to_dtype(CD::F32)?,
+            DType::I32 | DType::I64 => x[0].to_dtype(CD::I64)?,
+            DType::Bool => x[0].ne(&x[0].zeros_like()?)?,
+        },
+        Op::Expand { .. } => x[0].broadcast_as(out)?.contiguous()?,
+    })
+}

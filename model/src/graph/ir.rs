@@ -1,0 +1,531 @@
+//! The graph IR: what is calibrated, quantized, exported and compiled.
+//!
+//! It lives in the model crate because every later stage consumes it and data flows one way
+//! (model → calibrate → quantize → export → runtime): the calibrator observes its tensors, the quantizer
+//! annotates them by name, the ONNX exporter writes it node for node, the runtime interprets it. Putting it in
+//! export would make calibrate depend on export.
+//!
+//! Named tensors with static shapes and dtypes; nodes in topological order; every op maps 1:1 to an ONNX
+//! operator at [`OPSET`] and to an op QNN's converter places on HTP. Weights are initializers that *refer* to a
+//! checkpoint tensor (name + transform), so building a 10 GB model's graph costs no weight memory.
+
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// ONNX opset the IR's ops are defined at (21: int16 QuantizeLinear/DequantizeLinear for the QDQ export).
+pub const OPSET: i64 = 21;
+/// The finite mask constant. -inf or f32::MIN would blow the int16 range of every tensor they reach.
+pub const NEG: f32 = -1.0e4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    I32,
+    I64,
+    Bool,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::I64 => 8,
+            DType::Bool => 1,
+        }
+    }
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TensorType {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl TensorType {
+    pub fn new(dtype: DType, shape: &[usize]) -> Self {
+        TensorType { dtype, shape: shape.to_vec() }
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn bytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+}
+
+/// The ops. Attributes follow the ONNX operator of the same name.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Op {
+    MatMul,
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Sqrt,
+    Reciprocal,
+    Neg,
+    Tanh,
+    Cos,
+    Sin,
+    /// Integer Mod with fmod=0 (result has the divisor's sign).
+    Mod,
+    ReduceMean { axes: Vec<i64>, keepdims: bool },
+    Softmax { axis: i64 },
+    /// Target shape as an attribute here; exported as a constant shape input.
+    Reshape { shape: Vec<i64> },
+    Transpose { perm: Vec<usize> },
+    Concat { axis: i64 },
+    /// Static slice; exported with constant starts/ends/axes inputs.
+    Slice { starts: Vec<i64>, ends: Vec<i64>, axes: Vec<i64> },
+    Gather { axis: i64 },
+    ScatterND,
+    Where,
+    Equal,
+    Less,
+    Greater,
+    Cast { to: DType },
+    /// Only in the naive decode_full baseline (KV repeated per query head).
+    Expand { shape: Vec<i64> },
+    Unsqueeze { axes: Vec<i64> },
+}
+
+impl Op {
+    pub fn onnx_name(&self) -> &'static str {
+        match self {
+            Op::MatMul => "MatMul",
+            Op::Add => "Add",
+            Op::Sub => "Sub",
+            Op::Mul => "Mul",
+            Op::Div => "Div",
+            Op::Pow => "Pow",
+            Op::Sqrt => "Sqrt",
+            Op::Reciprocal => "Reciprocal",
+            Op::Neg => "Neg",
+            Op::Tanh => "Tanh",
+            Op::Cos => "Cos",
+            Op::Sin => "Sin",
+            Op::Mod => "Mod",
+            Op::ReduceMean { .. } => "ReduceMean",
+            Op::Softmax { .. } => "Softmax",
+            Op::Reshape { .. } => "Reshape",
+            Op::Transpose { .. } => "Transpose",
+            Op::Concat { .. } => "Concat",
+            Op::Slice { .. } => "Slice",
+            Op::Gather { .. } => "Gather",
+            Op::ScatterND => "ScatterND",
+            Op::Where => "Where",
+            Op::Equal => "Equal",
+            Op::Less => "Less",
+            Op::Greater => "Greater",
+            Op::Cast { .. } => "Cast",
+            Op::Expand { .. } => "Expand",
+            Op::Unsqueeze { .. } => "Unsqueeze",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Node {
+    pub name: String,
+    pub op: Op,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+}
+
+/// Where an initializer's values come from.
+#[derive(Debug, Clone, Serialize)]
+pub enum InitSource {
+    /// A checkpoint tensor (prefix-relative name), optionally transposed (2-D: [out,in] → [in,out] for MatMul).
+    Weight { tensor: String, transpose: bool },
+    /// Small constant computed at build time (masks' constants, RoPE tables, scalars).
+    F32(Vec<f32>),
+    I64(Vec<i64>),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Initializer {
+    pub name: String,
+    pub ty: TensorType,
+    pub source: InitSource,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ValueInfo {
+    pub name: String,
+    pub ty: TensorType,
+    /// What it means (the I/O contract).
+    pub doc: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Graph {
+    pub name: String,
+    pub inputs: Vec<ValueInfo>,
+    pub outputs: Vec<ValueInfo>,
+    pub initializers: Vec<Initializer>,
+    pub nodes: Vec<Node>,
+    /// Type of every tensor (inputs, initializers, node outputs).
+    pub types: BTreeMap<String, TensorType>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("graph {graph}: node {node:?}: {msg}")]
+pub struct GraphError {
+    pub graph: String,
+    pub node: String,
+    pub msg: String,
+}
+
+/// Broadcast two shapes numpy-style.
+pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for i in 0..n {
+        let x = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
+        let y = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        out[i] = if x == y || y == 1 { x } else if x == 1 { y } else { return None };
+    }
+    Some(out)
+}
+
+fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    (a >= 0 && (a as usize) < rank).then_some(a as usize)
+}
+
+/// Output type of `op` for the given input types (shape inference), or why not.
+pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<TensorType, String> {
+    let need = |n: usize| if ins.len() == n { Ok(()) } else { Err(format!("{} takes {n} inputs, got {}", op.onnx_name(), ins.len())) };
+    let same_dtype = |a: &TensorType, b: &TensorType| if a.dtype == b.dtype { Ok(()) } else { Err(format!("dtype mismatch {:?} vs {:?}", a.dtype, b.dtype)) };
+    match op {
+        Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Pow | Op::Mod => {
+            need(2)?;
+            if *op != Op::Pow {
+                same_dtype(ins[0], ins[1])?;
+            }
+            let s = broadcast(&ins[0].shape, &ins[1].shape).ok_or_else(|| format!("shapes {:?} and {:?} do not broadcast", ins[0].shape, ins[1].shape))?;
+            Ok(TensorType::new(ins[0].dtype, &s))
+        }
+        Op::Equal | Op::Less | Op::Greater => {
+            need(2)?;
+            same_dtype(ins[0], ins[1])?;
+            let s = broadcast(&ins[0].shape, &ins[1].shape).ok_or_else(|| format!("shapes {:?} and {:?} do not broadcast", ins[0].shape, ins[1].shape))?;
+            Ok(TensorType::new(DType::Bool, &s))
+        }
+        Op::Sqrt | Op::Reciprocal | Op::Neg | Op::Tanh | Op::Cos | Op::Sin => {
+            need(1)?;
+            Ok(ins[0].clone())
+        }
+        Op::Cast { to } => {
+            need(1)?;
+            Ok(TensorType::new(*to, &ins[0].shape))
+        }
+        Op::MatMul => {
+            need(2)?;
+            same_dtype(ins[0], ins[1])?;
+            let (a, b) = (&ins[0].shape, &ins[1].shape);
+            if a.len() < 2 || b.len() < 2 {
+                return Err(format!("MatMul needs rank >= 2, got {a:?} x {b:?}"));
+            }
+            let (m, k1) = (a[a.len() - 2], a[a.len() - 1]);
+            let (k2, n) = (b[b.len() - 2], b[b.len() - 1]);
+            if k1 != k2 {
+                return Err(format!("MatMul inner dims differ: {a:?} x {b:?}"));
+            }
+            let mut s = broadcast(&a[..a.len() - 2], &b[..b.len() - 2]).ok_or_else(|| format!("MatMul batch dims do not broadcast: {a:?} x {b:?}"))?;
+            s.extend([m, n]);
+            Ok(TensorType::new(ins[0].dtype, &s))
+        }
+        Op::ReduceMean { axes, keepdims } => {
+            need(1)?;
+            let r = ins[0].shape.len();
+            let ax: Vec<usize> = axes.iter().map(|&a| norm_axis(a, r).ok_or(format!("axis {a} out of range"))).collect::<Result<_, _>>()?;
+            let s: Vec<usize> = ins[0].shape.iter().enumerate().filter_map(|(i, &d)| if ax.contains(&i) { keepdims.then_some(1) } else { Some(d) }).collect();
+            Ok(TensorType::new(ins[0].dtype, &s))
+        }
+        Op::Softmax { axis } => {
+            need(1)?;
+            norm_axis(*axis, ins[0].shape.len()).ok_or("axis out of range")?;
+            Ok(ins[0].clone())
+        }
+        Op::Reshape { shape } => {
+            need(1)?;
+            let n = ins[0].numel();
+            let mut out: Vec<usize> = Vec::new();
+            let mut infer_at = None;
+            for (i, &d) in shape.iter().enumerate() {
+                match d {
+                    -1 => {
+                        if infer_at.replace(i).is_some() {
+                            return Err("more than one -1 in Reshape".into());
+                        }
+                        out.push(1)
+                    }
+                    0 => out.push(*ins[0].shape.get(i).ok_or("0 in Reshape past input rank")?),
+                    d if d > 0 => out.push(d as usize),
+                    _ => return Err(format!("bad Reshape dim {d}")),
+                }
+            }
+            let p: usize = out.iter().product();
+            if let Some(i) = infer_at {
+                if p == 0 || n % p != 0 {
+                    return Err(format!("cannot reshape {:?} to {shape:?}", ins[0].shape));
+                }
+                out[i] = n / p;
+            } else if p != n {
+                return Err(format!("cannot reshape {:?} ({n} elements) to {shape:?}", ins[0].shape));
+            }
+            Ok(TensorType::new(ins[0].dtype, &out))
+        }
+        Op::Transpose { perm } => {
+            need(1)?;
+            let r = ins[0].shape.len();
+            let mut seen = perm.clone();
+            seen.sort();
+            if seen != (0..r).collect::<Vec<_>>() {
+                return Err(format!("perm {perm:?} is not a permutation of rank {r}"));
+            }
+            Ok(TensorType::new(ins[0].dtype, &perm.iter().map(|&p| ins[0].shape[p]).collect::<Vec<_>>()))
+        }
+        Op::Concat { axis } => {
+            if ins.is_empty() {
+                return Err("Concat of nothing".into());
+            }
+            let r = ins[0].shape.len();
+            let a = norm_axis(*axis, r).ok_or("axis out of range")?;
+            let mut s = ins[0].shape.clone();
+            for t in &ins[1..] {
+                same_dtype(ins[0], t)?;
+                if t.shape.len() != r || (0..r).any(|i| i != a && t.shape[i] != s[i]) {
+                    return Err(format!("Concat shapes {:?} and {:?} differ off axis {a}", ins[0].shape, t.shape));
+                }
+                s[a] += t.shape[a];
+            }
+            Ok(TensorType::new(ins[0].dtype, &s))
+        }
+        Op::Slice { starts, ends, axes } => {
+            need(1)?;
+            let mut s = ins[0].shape.clone();
+            for ((&st, &en), &ax) in starts.iter().zip(ends).zip(axes) {
+                let a = norm_axis(ax, s.len()).ok_or("axis out of range")?;
+                let d = s[a] as i64;
+                let cl = |x: i64| if x < 0 { (x + d).max(0) } else { x.min(d) };
+                s[a] = (cl(en) - cl(st)).max(0) as usize;
+            }
+            Ok(TensorType::new(ins[0].dtype, &s))
+        }
+        Op::Gather { axis } => {
+            need(2)?;
+            if !matches!(ins[1].dtype, DType::I32 | DType::I64) {
+                return Err("Gather indices must be int32/int64".into());
+            }
+            let a = norm_axis(*axis, ins[0].shape.len()).ok_or("axis out of range")?;
+            let mut s = ins[0].shape[..a].to_vec();
+            s.extend(&ins[1].shape);
+            s.extend(&ins[0].shape[a + 1..]);
+            Ok(TensorType::new(ins[0].dtype, &s))
+        }
+        Op::ScatterND => {
+            need(3)?;
+            let (d, i, u) = (ins[0], ins[1], ins[2]);
+            if i.dtype != DType::I64 {
+                return Err("ScatterND indices must be int64".into());
+            }
+            let k = *i.shape.last().ok_or("ScatterND indices rank 0")?;
+            let mut want = i.shape[..i.shape.len() - 1].to_vec();
+            want.extend(&d.shape[k.min(d.shape.len())..]);
+            if k > d.shape.len() || u.shape != want {
+                return Err(format!("ScatterND updates {:?} do not fit data {:?} / indices {:?}", u.shape, d.shape, i.shape));
+            }
+            same_dtype(d, u)?;
+            Ok(d.clone())
+        }
+        Op::Where => {
+            need(3)?;
+            if ins[0].dtype != DType::Bool {
+                return Err("Where condition must be bool".into());
+            }
+            same_dtype(ins[1], ins[2])?;
+            let s = broadcast(&ins[0].shape, &ins[1].shape).and_then(|s| broadcast(&s, &ins[2].shape)).ok_or("Where shapes do not broadcast")?;
+            Ok(TensorType::new(ins[1].dtype, &s))
+        }
+        Op::Expand { shape } => {
+            need(1)?;
+            let tgt: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+            let s = broadcast(&ins[0].shape, &tgt).ok_or_else(|| format!("cannot expand {:?} to {shape:?}", ins[0].shape))?;
+            Ok(TensorType::new(ins[0].dtype, &s))
+        }
+        Op::Unsqueeze { axes } => {
+            need(1)?;
+            let r = ins[0].shape.len() + axes.len();
+            let ax: Vec<usize> = axes.iter().map(|&a| norm_axis(a, r).ok_or("axis out of range")).collect::<Result<_, _>>()?;
+            let mut it = ins[0].shape.iter();
+            Ok(TensorType::new(ins[0].dtype, &(0..r).map(|i| if ax.contains(&i) { 1 } else { *it.next().unwrap() }).collect::<Vec<_>>()))
+        }
+    }
+}
+
+impl Graph {
+    /// Check the graph: unique names, every input defined before use (topological order, hence no cycle),
+    /// every recorded type equal to what shape inference derives, outputs produced.
+    pub fn validate(&self) -> Result<(), GraphError> {
+        let err = |node: &str, msg: String| GraphError { graph: self.name.clone(), node: node.to_string(), msg };
+        let mut defined: HashMap<&str, TensorType> = HashMap::new();
+        for v in &self.inputs {
+            if defined.insert(&v.name, v.ty.clone()).is_some() {
+                return Err(err(&v.name, "duplicate graph input".into()));
+            }
+        }
+        for i in &self.initializers {
+            if defined.insert(&i.name, i.ty.clone()).is_some() {
+                return Err(err(&i.name, "initializer name already defined".into()));
+            }
+            let n = match &i.source {
+                InitSource::F32(v) => Some(v.len()),
+                InitSource::I64(v) => Some(v.len()),
+                InitSource::Weight { .. } => None,
+            };
+            if let Some(n) = n {
+                if n != i.ty.numel() {
+                    return Err(err(&i.name, format!("constant has {n} values, shape {:?} needs {}", i.ty.shape, i.ty.numel())));
+                }
+            }
+        }
+        let mut names = HashSet::new();
+        for n in &self.nodes {
+            if !names.insert(&n.name) {
+                return Err(err(&n.name, "duplicate node name".into()));
+            }
+            let mut ins = Vec::new();
+            for i in &n.inputs {
+                match defined.get(i.as_str()) {
+                    Some(t) => ins.push(t.clone()),
+                    None => {
+                        let later = self.nodes.iter().any(|m| m.outputs.contains(i));
+                        let why = if later { "is produced later (cycle or nodes out of topological order)" } else { "is not defined" };
+                        return Err(err(&n.name, format!("input {i:?} {why}")));
+                    }
+                }
+            }
+            let refs: Vec<&TensorType> = ins.iter().collect();
+            let t = infer(&n.op, &refs).map_err(|m| err(&n.name, m))?;
+            if n.outputs.len() != 1 {
+                return Err(err(&n.name, format!("{} outputs; IR ops have one", n.outputs.len())));
+            }
+            let o = &n.outputs[0];
+            if let Some(rec) = self.types.get(o) {
+                if *rec != t {
+                    return Err(err(&n.name, format!("output {o:?} recorded as {:?} {:?}, inferred {:?} {:?}", rec.dtype, rec.shape, t.dtype, t.shape)));
+                }
+            }
+            if defined.insert(o, t).is_some() {
+                return Err(err(&n.name, format!("output {o:?} already defined")));
+            }
+        }
+        for o in &self.outputs {
+            match defined.get(o.name.as_str()) {
+                None => return Err(err(&o.name, "graph output is never produced".into())),
+                Some(t) if *t != o.ty => return Err(err(&o.name, format!("graph output declared {:?} {:?}, computed {:?} {:?}", o.ty.dtype, o.ty.shape, t.dtype, t.shape))),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Histogram of op types.
+    pub fn op_histogram(&self) -> BTreeMap<&'static str, usize> {
+        let mut h = BTreeMap::new();
+        for n in &self.nodes {
+            *h.entry(n.op.onnx_name()).or_default() += 1;
+        }
+        h
+    }
+
+    pub fn count(&self, name: &str) -> usize {
+        self.nodes.iter().filter(|n| n.op.onnx_name() == name).count()
+    }
+
+    pub fn ty(&self, name: &str) -> Option<&TensorType> {
+        self.types.get(name)
+    }
+}
+
+/// Builds a graph node by node with shape inference at every step, so a builder bug fails where it happens.
+pub struct Builder {
+    pub g: Graph,
+    counter: HashMap<String, usize>,
+}
+
+impl Builder {
+    pub fn new(name: &str) -> Self {
+        Builder { g: Graph { name: name.into(), ..Default::default() }, counter: HashMap::new() }
+    }
+
+    fn fresh(&mut self, base: &str) -> String {
+        let c = self.counter.entry(base.to_string()).or_default();
+        *c += 1;
+        if *c == 1 { base.to_string() } else { format!("{base}_{}", *c - 1) }
+    }
+
+    pub fn input(&mut self, name: &str, dtype: DType, shape: &[usize], doc: &str) -> String {
+        let ty = TensorType::new(dtype, shape);
+        self.g.types.insert(name.into(), ty.clone());
+        self.g.inputs.push(ValueInfo { name: name.into(), ty, doc: doc.into() });
+        name.into()
+    }
+
+    pub fn output(&mut self, name: &str, doc: &str) {
+        let ty = self.g.types[name].clone();
+        self.g.outputs.push(ValueInfo { name: name.into(), ty, doc: doc.into() });
+    }
+
+    pub fn weight(&mut self, tensor: &str, shape: &[usize], transpose: bool) -> String {
+        let name = if transpose { format!("{tensor}.T") } else { tensor.to_string() };
+        if self.g.types.contains_key(&name) {
+            return name;
+        }
+        let s = if transpose { vec![shape[1], shape[0]] } else { shape.to_vec() };
+        let ty = TensorType::new(DType::F32, &s);
+        self.g.types.insert(name.clone(), ty.clone());
+        self.g.initializers.push(Initializer { name: name.clone(), ty, source: InitSource::Weight { tensor: tensor.into(), transpose } });
+        name
+    }
+
+    pub fn const_f32(&mut self, name: &str, shape: &[usize], v: Vec<f32>) -> String {
+        let name = self.fresh(name);
+        let ty = TensorType::new(DType::F32, shape);
+        self.g.types.insert(name.clone(), ty.clone());
+        self.g.initializers.push(Initializer { name: name.clone(), ty, source: InitSource::F32(v) });
+        name
+    }
+
+    pub fn const_i64(&mut self, name: &str, shape: &[usize], v: Vec<i64>) -> String {
+        let name = self.fresh(name);
+        let ty = TensorType::new(DType::I64, shape);
+        self.g.types.insert(name.clone(), ty.clone());
+        self.g.initializers.push(Initializer { name: name.clone(), ty, source: InitSource::I64(v) });
+        name
+    }
+
+    /// Add a node; returns its output name (`out` made unique). Panics with the node name on a shape error:
+    /// builders are code, a failure here is a bug in hexq, not in the user's input.
+    pub fn node(&mut self, op: Op, inputs: &[&str], out: &str) -> String {
+        let out = self.fresh(out);
+        let ins: Vec<&TensorType> = inputs.iter().map(|i| self.g.types.get(*i).unwrap_or_else(|| panic!("node {out}: unknown input {i}"))).collect();
+        let t = infer(&op, &ins).unwrap_or_else(|e| panic!("graph {}: node {out}: {e}", self.g.name));
+        self.g.types.insert(out.clone(), t);
+        self.g.nodes.push(Node { name: out.clone(), op, inputs: inputs.iter().map(|s| s.to_string()).collect(), outputs: vec![out.clone()] });
+        out
+    }
+
+    pub fn finish(self) -> Graph {
+        self.g
+    }
+}

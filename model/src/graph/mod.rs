@@ -1,0 +1,9 @@
+//! Deployable graphs: the IR ([`ir`]), the builders that lower a Gemma-4 config into decode/trunk graphs
+//! ([`build`]), and the CPU interpreter every transformation is checked with ([`interp`]).
+
+pub mod build;
+pub mod interp;
+pub mod ir;
+
+pub use build::{build, GraphOptions, Variant};
+pub use ir::{DType, Graph, Op, NEG, OPSET};

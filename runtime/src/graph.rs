@@ -1,0 +1,161 @@
+//! Backend `graph`: the IR interpreter driven exactly as a device would be — host lookups in, hidden state
+//! out, KV buffers carried from `present_*` to `past_*` between calls; prompts through `trunk` in SEQ-token
+//! chunks when a trunk graph is given, then one token per call through the decode graph.
+
+use crate::{Backend, Result};
+use candle_core::{DType as CD, Device, Tensor};
+use hexq_model::forward::{to_rows, Host};
+use hexq_model::graph::build::{past_key, past_value, present_key, present_value};
+use hexq_model::graph::interp::{Hook, Interpreter, NoHook};
+use hexq_model::graph::Graph;
+use hexq_model::Error;
+use std::collections::HashMap;
+
+pub struct GraphBackend {
+    pub host: Host,
+    pub decode: Interpreter,
+    pub trunk: Option<Interpreter>,
+    /// KV buffers by past_* name.
+    kv: HashMap<String, Tensor>,
+    pub pos: usize,
+    pub context: usize,
+    /// Final hidden state of the last position fed (for verification).
+    pub last_hidden: Vec<f32>,
+    pub hook: Option<Box<dyn Hook + Send>>,
+}
+
+fn i64_tensor(v: Vec<i64>, shape: &[usize]) -> Result<Tensor> {
+    Ok(Tensor::from_vec(v, shape, &Device::Cpu)?)
+}
+
+impl GraphBackend {
+    pub fn new(host: Host, decode: Interpreter, trunk: Option<Interpreter>, context: usize) -> Result<Self> {
+        if let Some(t) = &trunk {
+            // trunk writes the same ring buffers decode reads: their KV inputs must agree.
+            for vi in t.graph.inputs.iter().filter(|v| v.name.starts_with("past_")) {
+                let d = decode.graph.inputs.iter().find(|x| x.name == vi.name);
+                if d.map(|d| &d.ty) != Some(&vi.ty) {
+                    return Err(Error::Msg(format!("trunk input {} does not match the decode graph's KV layout", vi.name)));
+                }
+            }
+        }
+        let mut b = GraphBackend { host, decode, trunk, kv: HashMap::new(), pos: 0, context, last_hidden: vec![], hook: None };
+        b.reset();
+        Ok(b)
+    }
+
+    fn run(&mut self, trunk: bool, mut ins: HashMap<String, Tensor>) -> Result<HashMap<String, Tensor>> {
+        let interp = if trunk { self.trunk.as_ref().unwrap() } else { &self.decode };
+        for vi in interp.graph.inputs.iter().filter(|v| v.name.starts_with("past_")) {
+            ins.insert(vi.name.clone(), self.kv[&vi.name].clone());
+        }
+        let mut no = NoHook;
+        let hook: &mut dyn Hook = match self.hook.as_mut() {
+            Some(h) => h.as_mut(),
+            None => &mut no,
+        };
+        let mut out = interp.run(&ins, hook)?;
+        for vi in interp.graph.inputs.iter().filter(|v| v.name.starts_with("past_key_")) {
+            let i: usize = vi.name["past_key_".len()..].parse().unwrap();
+            self.kv.insert(past_key(i), out.remove(&present_key(i)).unwrap());
+            self.kv.insert(past_value(i), out.remove(&present_value(i)).unwrap());
+        }
+        Ok(out)
+    }
+
+    fn host_inputs(&self, ids: &[u32], pad_to: usize) -> Result<HashMap<String, Tensor>> {
+        let cfg = &self.host.cfg;
+        let mut padded = ids.to_vec();
+        padded.resize(pad_to, cfg.pad_token_id);
+        let mut m = HashMap::new();
+        let e = self.host.embed(&padded)?;
+        m.insert("inputs_embeds".into(), e.reshape((1, pad_to, cfg.hidden_size))?);
+        if let Some(p) = self.host.ple_lookup(&padded)? {
+            m.insert("per_layer_inputs".into(), p.reshape((1, pad_to, cfg.num_layers, cfg.ple_dim))?);
+        }
+        // Padding positions continue the sequence (clamped to the RoPE table); their outputs are ignored.
+        let pos: Vec<i64> = (0..pad_to).map(|j| ((self.pos + j).min(self.context - 1)) as i64).collect();
+        m.insert("position_ids".into(), i64_tensor(pos, &[1, pad_to])?);
+        Ok(m)
+    }
+
+    fn check_room(&self, n: usize) -> Result<()> {
+        if self.pos + n > self.context {
+            return Err(Error::Msg(format!("context full: position {} + {n} tokens exceeds --context {}", self.pos, self.context)));
+        }
+        Ok(())
+    }
+
+    /// One token through the decode graph; returns the final hidden state [H].
+    pub fn step(&mut self, id: u32) -> Result<Vec<f32>> {
+        self.check_room(1)?;
+        let mut ins = self.host_inputs(&[id], 1)?;
+        ins.insert("cache_position".into(), i64_tensor(vec![self.pos as i64], &[1])?);
+        let out = self.run(false, ins)?;
+        self.pos += 1;
+        let h = out["hidden_states"].flatten_all()?.to_dtype(CD::F32)?.to_vec1::<f32>()?;
+        Ok(h)
+    }
+
+    /// Up to SEQ tokens through the trunk; returns the hidden states of the real tokens [n][H].
+    pub fn chunk(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let seq = self.trunk.as_ref().unwrap().graph.inputs[0].ty.shape[1];
+        assert!(!ids.is_empty() && ids.len() <= seq);
+        self.check_room(ids.len())?;
+        let mut ins = self.host_inputs(ids, seq)?;
+        ins.insert("valid_len".into(), i64_tensor(vec![ids.len() as i64], &[1])?);
+        let out = self.run(true, ins)?;
+        self.pos += ids.len();
+        let h = to_rows(&out["hidden_states"].squeeze(0)?)?;
+        Ok(h[..ids.len()].to_vec())
+    }
+
+    /// Hidden states of every position of `ids` (trunk chunks if present, else decode steps).
+    pub fn hidden(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::new();
+        if let Some(t) = &self.trunk {
+            let seq = t.graph.inputs[0].ty.shape[1];
+            for c in ids.chunks(seq) {
+                out.extend(self.chunk(c)?);
+            }
+        } else {
+            for &id in ids {
+                out.push(self.step(id)?);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn logits(&self, h: &[f32]) -> Result<Vec<f32>> {
+        let t = Tensor::from_vec(h.to_vec(), (1, h.len()), &Device::Cpu)?;
+        Ok(to_rows(&self.host.lm_head(&t)?)?.pop().unwrap())
+    }
+
+    pub fn decode_graph(&self) -> &Graph {
+        &self.decode.graph
+    }
+}
+
+impl Backend for GraphBackend {
+    fn name(&self) -> &str {
+        "graph"
+    }
+    fn reset(&mut self) {
+        self.kv.clear();
+        for vi in self.decode.graph.inputs.iter().filter(|v| v.name.starts_with("past_")) {
+            self.kv.insert(vi.name.clone(), Tensor::zeros(vi.ty.shape.as_slice(), CD::F32, &Device::Cpu).unwrap());
+        }
+        self.pos = 0;
+    }
+    fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        let h = if ids.len() > 1 && self.trunk.is_some() { self.hidden(ids)?.pop().unwrap() } else {
+            let mut last = vec![];
+            for &id in ids {
+                last = self.step(id)?;
+            }
+            last
+        };
+        self.last_hidden = h.clone();
+        self.logits(&h)
+    }
+}
