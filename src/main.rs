@@ -44,6 +44,29 @@ enum Cmd {
         max_tokens: usize,
         #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
         backend: BackendKind,
+        /// Graph backend: full-attention buffer length (max context).
+        #[arg(long, default_value_t = 4096)]
+        context: usize,
+        /// Graph backend: trunk chunk length (0 = no trunk, prompt token by token through decode).
+        #[arg(long, default_value_t = 128)]
+        seq: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build a deployable graph and summarise it (I/O, op histogram, Expand count, KV bytes per step).
+    Graph {
+        /// Checkpoint directory, or a bare config.json (graphs need no weights).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = VariantArg::DecodeWgqa)]
+        variant: VariantArg,
+        #[arg(long, default_value_t = 4096)]
+        context: usize,
+        #[arg(long, default_value_t = 128)]
+        seq: usize,
+        /// Print the I/O contract as Markdown instead.
+        #[arg(long)]
+        io_contract: bool,
         #[arg(long)]
         json: bool,
     },
@@ -71,6 +94,25 @@ enum Cmd {
 enum BackendKind {
     /// The f32 reference forward (candle).
     Cpu,
+    /// The IR interpreter over decode_wgqa (prompt through trunk in SEQ chunks).
+    Graph,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq)]
+enum VariantArg {
+    DecodeWgqa,
+    DecodeFull,
+    Trunk,
+}
+
+impl VariantArg {
+    fn v(self) -> hexq_model::graph::Variant {
+        match self {
+            VariantArg::DecodeWgqa => hexq_model::graph::Variant::DecodeWgqa,
+            VariantArg::DecodeFull => hexq_model::graph::Variant::DecodeFull,
+            VariantArg::Trunk => hexq_model::graph::Variant::Trunk,
+        }
+    }
 }
 
 fn model_dir(m: Option<PathBuf>) -> Result<PathBuf> {
@@ -145,12 +187,20 @@ fn inspect(model: Option<PathBuf>, tensors: bool, as_json: bool) -> Result<()> {
     Ok(())
 }
 
-fn run(model: Option<PathBuf>, prompt: String, system: Option<String>, max_tokens: usize, backend: BackendKind, as_json: bool) -> Result<()> {
+#[allow(clippy::too_many_arguments)]
+fn run(model: Option<PathBuf>, prompt: String, system: Option<String>, max_tokens: usize, backend: BackendKind, context: usize, seq: usize, as_json: bool) -> Result<()> {
     let dir = model_dir(model)?;
     let ck = Arc::new(Checkpoint::open(&dir)?);
     let tok = Tokenizer::from_dir(&dir)?;
     let mut b: Box<dyn hexq_runtime::Backend> = match backend {
         BackendKind::Cpu => Box::new(hexq_runtime::CpuBackend::new(Model::load(ck)?)),
+        BackendKind::Graph => {
+            use hexq_model::graph::{build, interp::Interpreter, GraphOptions, Variant};
+            let o = GraphOptions { context, seq: seq.max(1) };
+            let d = Interpreter::new(build(&ck.config, Variant::DecodeWgqa, &o), ck.clone())?;
+            let t = if seq > 0 { Some(Interpreter::new(build(&ck.config, Variant::Trunk, &o), ck.clone())?) } else { None };
+            Box::new(hexq_runtime::graph::GraphBackend::new(hexq_model::forward::Host::load(ck.clone())?, d, t, context)?)
+        }
     };
     let mut msgs = Vec::new();
     if let Some(s) = system {
@@ -167,6 +217,44 @@ fn run(model: Option<PathBuf>, prompt: String, system: Option<String>, max_token
             g.backend, g.prompt_ids.len(), g.generated_ids.len(), g.stop_reason, g.prefill_seconds, g.decode_tokens_per_second
         );
     }
+    Ok(())
+}
+
+fn graph(model: Option<PathBuf>, variant: VariantArg, context: usize, seq: usize, io_contract: bool, as_json: bool) -> Result<()> {
+    use hexq_model::graph::{build, report, GraphOptions};
+    let p = model_dir(model)?;
+    let cfg = if p.is_file() { hexq_model::ModelConfig::from_file(&p)? } else { hexq_model::ModelConfig::from_file(&p.join("config.json"))? };
+    if context == 0 || seq == 0 {
+        anyhow::bail!("--context and --seq must be positive");
+    }
+    let g = build(&cfg, variant.v(), &GraphOptions { context, seq });
+    g.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    if io_contract {
+        print!("{}", report::io_contract_markdown(&g));
+        return Ok(());
+    }
+    let s = report::summary(&g);
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+        return Ok(());
+    }
+    println!("graph {} (context {context}{}) — {} nodes, {} weight initializers ({:.3} B parameters), {:.1} MiB constants",
+        s.name, if variant == VariantArg::Trunk { format!(", SEQ {seq}") } else { String::new() }, s.nodes, s.weight_initializers,
+        s.weight_parameters as f64 / 1e9, s.constant_bytes as f64 / (1u64 << 20) as f64);
+    println!("inputs:");
+    for (n, d, sh) in &s.inputs {
+        println!("  {n:<24} {d:<4} {sh:?}");
+    }
+    println!("outputs:");
+    for (n, d, sh) in &s.outputs {
+        println!("  {n:<24} {d:<4} {sh:?}");
+    }
+    let ops: Vec<String> = s.ops.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    println!("ops: {}", ops.join(", "));
+    println!("Expand nodes: {}", s.expand_nodes);
+    let k = &s.kv_read_per_call;
+    let mb = |b: usize| b as f64 / 1e6;
+    println!("KV read per call: {} buffers, {} elements = {:.1} MB f32 / {:.1} MB int16 / {:.1} MB int8", k.buffers, k.elements, mb(k.bytes_f32), mb(k.bytes_int16), mb(k.bytes_int8));
     Ok(())
 }
 
@@ -191,7 +279,8 @@ fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Inspect { model, tensors, json } => inspect(model, tensors, json),
-        Cmd::Run { model, prompt, system, max_tokens, backend, json } => run(model, prompt, system, max_tokens, backend, json),
+        Cmd::Run { model, prompt, system, max_tokens, backend, context, seq, json } => run(model, prompt, system, max_tokens, backend, context, seq, json),
+        Cmd::Graph { model, variant, context, seq, io_contract, json } => graph(model, variant, context, seq, io_contract, json),
         Cmd::Synth { config, out, seed, shard_bytes, force, json } => synth(config, out, seed, shard_bytes, force, json),
     };
     if let Err(e) = res {

@@ -215,3 +215,35 @@ fn backend_trait_generation_equals_cpu_backend() {
     let b = hexq_runtime::generate(&mut cpu, &tok, &msgs, 24).unwrap();
     assert_eq!(a.generated_ids, b.generated_ids);
 }
+
+#[test]
+fn io_contract_doc_is_generated_from_the_graphs() {
+    let cfg = ModelConfig::from_file(&fixtures().join("e2b-config.json")).unwrap();
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/io-contract.md")).unwrap();
+    for v in [Variant::DecodeWgqa, Variant::DecodeFull, Variant::Trunk] {
+        let md = hexq_model::graph::report::io_contract_markdown(&build(&cfg, v, &GraphOptions::default()));
+        assert!(doc.contains(&md), "docs/io-contract.md is stale for {}: regenerate with hexq graph --io-contract", v.name());
+    }
+}
+
+#[test]
+fn cli_graph_summary_and_run_backend_graph() {
+    let exe = env!("CARGO_BIN_EXE_hexq");
+    let cfg = fixtures().join("e2b-config.json");
+    let o = std::process::Command::new(exe).args(["graph", "--model", cfg.to_str().unwrap(), "--variant", "decode-wgqa", "--json"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["expand_nodes"], 0);
+    // 12 sliding rings of 512×256 + 3 full buffers of 4096×512, K and V: 62.9 MB in f32.
+    assert_eq!(s["kv_read_per_call"]["bytes_f32"], 2 * (12 * 512 * 256 + 3 * 4096 * 512) * 4);
+    let g = golden();
+    let fx = fixtures().join("tiny-gemma4");
+    let o = std::process::Command::new(exe)
+        .args(["run", "--backend", "graph", "--model", fx.to_str().unwrap(), "--prompt", "What is the capital of France?", "--max-tokens", "8", "--context", "256", "--json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["generated_ids"], g["sequences"]["chat"]["greedy8"]);
+    assert_eq!(v["backend"], "graph");
+}

@@ -4,6 +4,7 @@
 pub mod build;
 pub mod interp;
 pub mod ir;
+pub mod report;
 
 pub use build::{build, GraphOptions, Variant};
 pub use ir::{DType, Graph, Op, NEG, OPSET};
