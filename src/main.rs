@@ -198,7 +198,7 @@ fn run(model: Option<PathBuf>, prompt: String, system: Option<String>, max_token
             use hexq_model::graph::{build, interp::Interpreter, GraphOptions, Variant};
             let o = GraphOptions { context, seq: seq.max(1) };
             let d = Interpreter::new(build(&ck.config, Variant::DecodeWgqa, &o), ck.clone())?;
-            let t = if seq > 0 { Some(Interpreter::new(build(&ck.config, Variant::Trunk, &o), ck.clone())?) } else { None };
+            let t = if seq > 0 { Some(Interpreter::new(build(&ck.config, Variant::Trunk, &o), ck.clone())?.sharing_weights_with(&d)) } else { None };
             Box::new(hexq_runtime::graph::GraphBackend::new(hexq_model::forward::Host::load(ck.clone())?, d, t, context)?)
         }
     };

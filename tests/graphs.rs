@@ -35,7 +35,7 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 fn backend(ck: &Arc<Checkpoint>, decode: Variant, trunk: bool, o: GraphOptions) -> GraphBackend {
     let cfg = &ck.config;
     let d = Interpreter::new(build(cfg, decode, &o), ck.clone()).unwrap();
-    let t = trunk.then(|| Interpreter::new(build(cfg, Variant::Trunk, &o), ck.clone()).unwrap());
+    let t = trunk.then(|| Interpreter::new(build(cfg, Variant::Trunk, &o), ck.clone()).unwrap().sharing_weights_with(&d));
     GraphBackend::new(Host::load(ck.clone()).unwrap(), d, t, o.context).unwrap()
 }
 

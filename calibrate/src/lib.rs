@@ -1,1 +1,244 @@
-//! Activation-range capture on chat-formatted decode loops. Filled by issue 5.
+//! hexq-calibrate: run the float graph (the IR interpreter over decode_wgqa or trunk) on chat-formatted
+//! prompts and record the range of every activation tensor.
+//!
+//! Capture happens **during decode loops**: every prompt token, then N greedily generated tokens, each one a
+//! decode-graph call, so decode-time positions, masks and KV contents are what is observed. Stats are min/max
+//! (+ count) per tensor, merged prompt by prompt (memory independent of the dataset size); min/max merging is
+//! order-free, so the result is byte-identical across runs and thread counts.
+//!
+//! Guards: raw-text records (no chat template) and inputs that never show the template's special tokens
+//! (e.g. random noise) are refused unless forced — the two calibration failures the published build hit.
+
+use candle_core::{DType as CD, Tensor};
+use hexq_model::chat::{Message, Tokenizer, STOP_IDS};
+use hexq_model::forward::{argmax, Host};
+use hexq_model::graph::interp::{Hook, Interpreter};
+use hexq_model::graph::{build, GraphOptions, Variant};
+use hexq_model::{Checkpoint, Error, Result};
+use hexq_runtime::graph::GraphBackend;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+/// Chat-template ids whose activations must be observed: `<|turn>`, `<turn|>`, `\n`, `user`, `model`.
+pub const TEMPLATE_IDS: [u32; 5] = [105, 106, 107, 2364, 4368];
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub id: String,
+    #[serde(default)]
+    pub messages: Option<Vec<Message>>,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// Read a JSONL dataset; every line must be an object with `id` and `messages` or `text`.
+pub fn load_dataset(path: &Path) -> Result<Vec<Record>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r: Record = serde_json::from_str(line).map_err(|e| Error::file(path, format!("line {}: {e}", i + 1)))?;
+        if r.messages.is_none() && r.text.is_none() {
+            return Err(Error::file(path, format!("line {} ({}): needs \"messages\" or \"text\"", i + 1, r.id)));
+        }
+        out.push(r);
+    }
+    if out.is_empty() {
+        return Err(Error::file(path, "no records"));
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Range {
+    pub min: f32,
+    pub max: f32,
+    pub count: u64,
+}
+
+impl Range {
+    pub fn merge(&mut self, o: &Range) {
+        self.min = self.min.min(o.min);
+        self.max = self.max.max(o.max);
+        self.count += o.count;
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Stats {
+    pub hexq_version: String,
+    pub variant: String,
+    pub model_sha256: String,
+    pub graph_sha256: String,
+    pub dataset_sha256: String,
+    pub prompts: usize,
+    pub decode_tokens: usize,
+    pub context: usize,
+    pub seq: usize,
+    /// Every record went through the chat template.
+    pub chat_formatted: bool,
+    /// Which of [`TEMPLATE_IDS`] appeared in the calibration inputs.
+    pub template_ids_seen: Vec<u32>,
+    pub tokens_observed: u64,
+    pub tensors: BTreeMap<String, Range>,
+}
+
+/// Observer hook: min/max of every float graph input and node output (initializers are weights/constants:
+/// their encodings come from their values, not from calibration).
+#[derive(Clone, Default)]
+pub struct RangeObserver {
+    pub skip: Arc<HashSet<String>>,
+    pub ranges: Arc<Mutex<BTreeMap<String, Range>>>,
+}
+
+impl Hook for RangeObserver {
+    fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
+        if t.dtype() != CD::F32 || self.skip.contains(name) {
+            return None;
+        }
+        let v: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;
+        let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+        for &x in &v {
+            // NaN would poison min/max silently; make it visible as an infinite range instead.
+            let x = if x.is_nan() { f32::INFINITY } else { x };
+            lo = lo.min(x);
+            hi = hi.max(x);
+        }
+        let r = Range { min: lo, max: hi, count: v.len() as u64 };
+        self.ranges.lock().unwrap().entry(name.to_string()).and_modify(|e| e.merge(&r)).or_insert(r);
+        None
+    }
+}
+
+pub struct Options {
+    pub variant: Variant,
+    pub graph: GraphOptions,
+    /// Tokens generated (and observed) after each prompt.
+    pub decode_tokens: usize,
+    pub limit: Option<usize>,
+    /// Accept raw-text records and inputs without the template tokens (the guards become warnings).
+    pub force: bool,
+    /// Replace the embeddings by N(0,1) noise (to demonstrate the failure mode; refused unless forced).
+    pub noise: bool,
+}
+
+pub fn sha256_files(paths: &[&Path]) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for p in paths {
+        h.update(hexq_model::fsutil::sha256_file(p)?.as_bytes());
+    }
+    Ok(format!("{:x}", h.finalize()))
+}
+
+/// Hash identifying a checkpoint: config.json and every safetensors file.
+pub fn model_hash(ck: &Checkpoint) -> Result<String> {
+    let cfgp = ck.dir.join("config.json");
+    let mut ps: Vec<&Path> = vec![cfgp.as_path()];
+    ps.extend(ck.store.files.iter().map(|p| p.as_path()));
+    sha256_files(&ps)
+}
+
+/// Warnings the guards raise; errors unless forced.
+fn guard(msgs: &mut Vec<String>, force: bool, msg: String) -> Result<()> {
+    if force {
+        eprintln!("WARNING: {msg} (continuing because of --force)");
+        msgs.push(msg);
+        Ok(())
+    } else {
+        Err(Error::Msg(format!("{msg}; refusing to calibrate (pass --force to override)")))
+    }
+}
+
+pub fn calibrate(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &Options, pb: &indicatif::ProgressBar) -> Result<Stats> {
+    let mut recs = load_dataset(dataset)?;
+    if let Some(n) = o.limit {
+        recs.truncate(n);
+    }
+    let mut warnings = Vec::new();
+    let raw = recs.iter().filter(|r| r.messages.is_none()).count();
+    if raw > 0 {
+        guard(&mut warnings, o.force, format!(
+            "{}: {raw} of {} records are raw text, not chat-formatted: chat prompts at inference would hit activation ranges never observed",
+            dataset.display(), recs.len()))?;
+    }
+    let cfg = &ck.config;
+    let g = build(cfg, o.variant, &o.graph);
+    let graph_sha = g.content_hash();
+    let skip: HashSet<String> = g.initializers.iter().map(|i| i.name.clone()).collect();
+    let obs = RangeObserver { skip: Arc::new(skip), ranges: Default::default() };
+    let decode_variant = if o.variant == Variant::Trunk { Variant::DecodeWgqa } else { o.variant };
+    let decode = Interpreter::new(build(cfg, decode_variant, &o.graph), ck.clone())?;
+    let trunk = if o.variant == Variant::Trunk { Some(Interpreter::new(g, ck.clone())?.sharing_weights_with(&decode)) } else { None };
+    let mut b = GraphBackend::new(Host::load(ck.clone())?, decode, trunk, o.graph.context)?;
+    b.hook = Some(Box::new(obs.clone()));
+    pb.set_length(recs.len() as u64);
+    let mut seen = HashSet::new();
+    let mut tokens = 0u64;
+    for (k, r) in recs.iter().enumerate() {
+        let ids = match &r.messages {
+            Some(m) => tok.encode_chat(m)?,
+            None => tok.encode(r.text.as_deref().unwrap())?,
+        };
+        let ids: Vec<u32> = ids.into_iter().take(o.graph.context.saturating_sub(o.decode_tokens + 1)).collect();
+        seen.extend(ids.iter().copied().filter(|i| TEMPLATE_IDS.contains(i)));
+        hexq_runtime::Backend::reset(&mut b);
+        if o.noise {
+            // Noise instead of token embeddings: what "calibrate on np.random.randn" does.
+            let mut rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(k as u64);
+            b.noise = Some(Box::new(move |n: usize| {
+                use rand_distr::Distribution;
+                let d = rand_distr::Normal::new(0.0f32, 1.0).unwrap();
+                (0..n).map(|_| d.sample(&mut rng)).collect()
+            }));
+        }
+        if o.variant == Variant::Trunk {
+            b.hidden(&ids)?;
+            tokens += ids.len() as u64;
+        } else {
+            let mut h = vec![];
+            for &id in &ids {
+                h = b.step(id)?;
+            }
+            tokens += ids.len() as u64;
+            for _ in 0..o.decode_tokens {
+                let next = argmax(&b.logits(&h)?);
+                if STOP_IDS.contains(&next) {
+                    break;
+                }
+                h = b.step(next)?;
+                tokens += 1;
+            }
+        }
+        b.noise = None;
+        pb.inc(1);
+    }
+    let mut seen: Vec<u32> = seen.into_iter().collect();
+    seen.sort();
+    if o.noise || seen.len() < TEMPLATE_IDS.len() {
+        let missing: Vec<u32> = TEMPLATE_IDS.iter().copied().filter(|i| o.noise || !seen.contains(i)).collect();
+        guard(&mut warnings, o.force, format!(
+            "calibration inputs never contain the chat template tokens {missing:?}{}: their activations would be uncalibrated",
+            if o.noise { " (random-noise embeddings)" } else { "" }))?;
+    }
+    let tensors = obs.ranges.lock().unwrap().clone();
+    Ok(Stats {
+        hexq_version: env!("CARGO_PKG_VERSION").into(),
+        variant: o.variant.name().into(),
+        model_sha256: model_hash(&ck)?,
+        graph_sha256: graph_sha,
+        dataset_sha256: hexq_model::fsutil::sha256_file(dataset)?,
+        prompts: recs.len(),
+        decode_tokens: o.decode_tokens,
+        context: o.graph.context,
+        seq: o.graph.seq,
+        chat_formatted: raw == 0 && !o.noise,
+        template_ids_seen: if o.noise { vec![] } else { seen },
+        tokens_observed: tokens,
+        tensors,
+    })
+}

@@ -22,6 +22,8 @@ pub struct GraphBackend {
     /// Final hidden state of the last position fed (for verification).
     pub last_hidden: Vec<f32>,
     pub hook: Option<Box<dyn Hook + Send>>,
+    /// When set, replaces the host's embeddings by these values (calibration failure-mode demos).
+    pub noise: Option<Box<dyn FnMut(usize) -> Vec<f32> + Send>>,
 }
 
 fn i64_tensor(v: Vec<i64>, shape: &[usize]) -> Result<Tensor> {
@@ -39,7 +41,7 @@ impl GraphBackend {
                 }
             }
         }
-        let mut b = GraphBackend { host, decode, trunk, kv: HashMap::new(), pos: 0, context, last_hidden: vec![], hook: None };
+        let mut b = GraphBackend { host, decode, trunk, kv: HashMap::new(), pos: 0, context, last_hidden: vec![], hook: None, noise: None };
         b.reset();
         Ok(b)
     }
@@ -63,14 +65,21 @@ impl GraphBackend {
         Ok(out)
     }
 
-    fn host_inputs(&self, ids: &[u32], pad_to: usize) -> Result<HashMap<String, Tensor>> {
-        let cfg = &self.host.cfg;
+    fn host_inputs(&mut self, ids: &[u32], pad_to: usize) -> Result<HashMap<String, Tensor>> {
+        let cfg = self.host.cfg.clone();
         let mut padded = ids.to_vec();
         padded.resize(pad_to, cfg.pad_token_id);
         let mut m = HashMap::new();
-        let e = self.host.embed(&padded)?;
+        let mut e = self.host.embed(&padded)?;
+        let mut ple = self.host.ple_lookup(&padded)?;
+        if let Some(f) = self.noise.as_mut() {
+            e = Tensor::from_vec(f(e.elem_count()), e.dims(), &Device::Cpu)?;
+            if let Some(p) = &ple {
+                ple = Some(Tensor::from_vec(f(p.elem_count()), p.dims(), &Device::Cpu)?);
+            }
+        }
         m.insert("inputs_embeds".into(), e.reshape((1, pad_to, cfg.hidden_size))?);
-        if let Some(p) = self.host.ple_lookup(&padded)? {
+        if let Some(p) = ple {
             m.insert("per_layer_inputs".into(), p.reshape((1, pad_to, cfg.num_layers, cfg.ple_dim))?);
         }
         // Padding positions continue the sequence (clamped to the RoPE table); their outputs are ignored.

@@ -34,8 +34,11 @@ impl Hook for NoHook {}
 pub struct Interpreter {
     pub graph: Graph,
     src: Arc<dyn WeightSource>,
-    /// Initializer values (weights transposed as the graph wants them), built on first use.
+    /// Constant initializers of this graph, built on first use.
     cache: Mutex<HashMap<String, Tensor>>,
+    /// Checkpoint weights by initializer name, shared by the interpreters of one model (decode + trunk
+    /// hold one copy).
+    weights: Arc<Mutex<HashMap<String, Tensor>>>,
     /// For each node, the values whose last use it is (freed after it runs).
     frees: Vec<Vec<String>>,
 }
@@ -60,11 +63,20 @@ impl Interpreter {
                 frees[k].push(name.to_string());
             }
         }
-        Ok(Interpreter { graph, src, cache: Mutex::new(HashMap::new()), frees })
+        Ok(Interpreter { graph, src, cache: Mutex::new(HashMap::new()), weights: Default::default(), frees })
+    }
+
+    /// Share the weight cache of another interpreter over the same checkpoint.
+    pub fn sharing_weights_with(mut self, other: &Interpreter) -> Self {
+        self.weights = other.weights.clone();
+        self
     }
 
     fn init_value(&self, name: &str) -> Result<Tensor> {
         if let Some(t) = self.cache.lock().unwrap().get(name) {
+            return Ok(t.clone());
+        }
+        if let Some(t) = self.weights.lock().unwrap().get(name) {
             return Ok(t.clone());
         }
         let init = self.graph.initializers.iter().find(|i| i.name == name).unwrap();
@@ -74,8 +86,11 @@ impl Interpreter {
             InitSource::I64(v) => Tensor::from_vec(v.clone(), init.ty.shape.as_slice(), &dev)?,
             InitSource::Weight { tensor, transpose } => {
                 let w = self.src.weight(tensor)?;
-                let w = if *transpose { w.t()?.contiguous()? } else { w };
-                w.reshape(init.ty.shape.as_slice())?
+                // A transposed *view* of the [out, in] weight: the same memory layout the reference
+                // forward multiplies with (and half the memory of a transposed copy).
+                let w = if *transpose { w.t()? } else { w.reshape(init.ty.shape.as_slice())? };
+                self.weights.lock().unwrap().insert(name.to_string(), w.clone());
+                return Ok(w);
             }
         };
         self.cache.lock().unwrap().insert(name.to_string(), t.clone());

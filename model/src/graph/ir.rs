@@ -452,6 +452,39 @@ impl Graph {
         self.nodes.iter().filter(|n| n.op.onnx_name() == name).count()
     }
 
+    /// SHA256 over the graph's structure and constants (weights by reference): identifies what was calibrated.
+    pub fn content_hash(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        let mut put = |s: &str| {
+            h.update(s.as_bytes());
+            h.update([0]);
+        };
+        put(&self.name);
+        for v in self.inputs.iter().chain(&self.outputs) {
+            put(&format!("io {} {:?} {:?}", v.name, v.ty.dtype, v.ty.shape));
+        }
+        for i in &self.initializers {
+            match &i.source {
+                InitSource::Weight { tensor, transpose } => put(&format!("w {} {tensor} {transpose} {:?}", i.name, i.ty.shape)),
+                InitSource::F32(v) => {
+                    put(&format!("f {} {:?}", i.name, i.ty.shape));
+                    let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    put(&format!("{:x}", Sha256::digest(&b)));
+                }
+                InitSource::I64(v) => put(&format!("i {} {:?} {v:?}", i.name, i.ty.shape)),
+            }
+        }
+        for n in &self.nodes {
+            put(&format!("n {} {:?} {:?} {:?}", n.name, n.op, n.inputs, n.outputs));
+        }
+        format!("{:x}", h.finalize())
+    }
+
+    pub fn is_initializer(&self, name: &str) -> bool {
+        self.initializers.iter().any(|i| i.name == name)
+    }
+
     pub fn ty(&self, name: &str) -> Option<&TensorType> {
         self.types.get(name)
     }
