@@ -70,6 +70,72 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Record activation ranges of a graph on chat-formatted decode loops.
+    Calibrate {
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// JSONL prompts (datasets/calibration.jsonl).
+        #[arg(long, default_value = "datasets/calibration.jsonl")]
+        dataset: PathBuf,
+        #[arg(long, value_enum, default_value_t = VariantArg::DecodeWgqa)]
+        variant: VariantArg,
+        /// Tokens generated (and observed) after each prompt.
+        #[arg(long, default_value_t = 8)]
+        decode_tokens: usize,
+        /// Use only the first N prompts.
+        #[arg(long)]
+        limit: Option<usize>,
+        #[arg(long, default_value_t = 4096)]
+        context: usize,
+        #[arg(long, default_value_t = 128)]
+        seq: usize,
+        /// Feed N(0,1) noise instead of token embeddings (the documented failure mode; refused unless --force).
+        #[arg(long)]
+        noise: bool,
+        /// Turn the guards' refusals into warnings.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Compute A16W8 encodings (AIMET/QNN format) from calibration stats and the weights.
+    Quantize {
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long)]
+        stats: PathBuf,
+        #[arg(long, default_value = "a16w8")]
+        scheme: String,
+        /// int8 KV buffers (the decode_wgqa_int8kv variant).
+        #[arg(long)]
+        int8_kv: bool,
+        /// JSON overrides: {"rules": [{"pattern": "layers.*.mlp.*_proj.weight.T", "kind": "param", "bitwidth": 4}]}
+        #[arg(long)]
+        overrides: Option<PathBuf>,
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Quantsim vs float on held-out prompts: top-1, hidden cosine, KL, token-exact greedy, per-step cosine.
+    Verify {
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long)]
+        encodings: PathBuf,
+        /// Calibration stats, for the coverage report.
+        #[arg(long)]
+        stats: Option<PathBuf>,
+        #[arg(long, default_value = "datasets/heldout.jsonl")]
+        dataset: PathBuf,
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Greedy decode steps compared token by token.
+        #[arg(long, default_value_t = 8)]
+        steps: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a random-weight bf16 checkpoint with the real names and shapes of a config (streamed).
     Synth {
         /// A Gemma-4 config.json (e.g. ../shared/docs/e2b-config-inferred.json).
@@ -258,6 +324,109 @@ fn graph(model: Option<PathBuf>, variant: VariantArg, context: usize, seq: usize
     Ok(())
 }
 
+fn read_json<T: serde::de::DeserializeOwned>(p: &std::path::Path) -> Result<T> {
+    let t = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    serde_json::from_str(&t).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+}
+
+fn write_json<T: serde::Serialize>(p: &std::path::Path, v: &T) -> Result<()> {
+    let mut s = serde_json::to_string_pretty(v)?;
+    s.push('\n');
+    Ok(hexq_model::fsutil::write_atomic(p, s.as_bytes())?)
+}
+
+fn count_progress(msg: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(0);
+    pb.set_style(indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} prompts, eta {eta}").unwrap().progress_chars("=> "));
+    pb.set_message(msg.to_string());
+    pb
+}
+
+#[allow(clippy::too_many_arguments)]
+fn calibrate(model: Option<PathBuf>, dataset: PathBuf, variant: VariantArg, decode_tokens: usize, limit: Option<usize>, context: usize, seq: usize, noise: bool, force: bool, out: PathBuf) -> Result<()> {
+    let dir = model_dir(model)?;
+    let ck = Arc::new(Checkpoint::open(&dir)?);
+    let tok = Tokenizer::from_dir(&dir)?;
+    let o = hexq_calibrate::Options { variant: variant.v(), graph: hexq_model::graph::GraphOptions { context, seq }, decode_tokens, limit, force, noise };
+    let pb = count_progress("calibrate");
+    let st = hexq_calibrate::calibrate(ck, &tok, &dataset, &o, &pb)?;
+    pb.finish_and_clear();
+    write_json(&out, &st)?;
+    eprintln!("{}: {} tensors from {} prompts ({} tokens observed, variant {})", out.display(), st.tensors.len(), st.prompts, st.tokens_observed, st.variant);
+    Ok(())
+}
+
+fn quantize(model: Option<PathBuf>, stats: PathBuf, scheme: String, int8_kv: bool, overrides: Option<PathBuf>, force: bool, out: PathBuf) -> Result<()> {
+    if scheme != "a16w8" {
+        anyhow::bail!("--scheme {scheme:?}: only a16w8 is implemented");
+    }
+    let dir = model_dir(model)?;
+    let ck = Checkpoint::open(&dir)?;
+    let st: hexq_calibrate::Stats = read_json(&stats)?;
+    let problems = hexq_quantize::check_stats(&st);
+    for p in &problems {
+        eprintln!("WARNING: {}: {p}", stats.display());
+    }
+    if !problems.is_empty() && !force {
+        anyhow::bail!("{}: {} guard(s) failed (first: {}); refusing to quantize (pass --force to override)", stats.display(), problems.len(), problems[0]);
+    }
+    let v = hexq_model::graph::Variant::parse(&st.variant).ok_or_else(|| anyhow::anyhow!("{}: unknown variant {:?}", stats.display(), st.variant))?;
+    let g = hexq_model::graph::build(&ck.config, v, &hexq_model::graph::GraphOptions { context: st.context, seq: st.seq });
+    let ov = match overrides {
+        Some(p) => hexq_quantize::Overrides::from_file(&p)?,
+        None => Default::default(),
+    };
+    let mut enc = hexq_quantize::encode(&ck, &g, &st, &hexq_quantize::Scheme::a16w8(int8_kv), &ov)?;
+    enc.hexq["context"] = st.context.into();
+    enc.hexq["seq"] = st.seq.into();
+    enc.hexq["variant"] = st.variant.clone().into();
+    write_json(&out, &enc)?;
+    eprintln!("{}: {} activation + {} param encodings ({}{})", out.display(), enc.activation_encodings.len(), enc.param_encodings.len(), scheme, if int8_kv { ", int8 KV" } else { "" });
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn verify(model: Option<PathBuf>, encodings: PathBuf, stats: Option<PathBuf>, dataset: PathBuf, limit: Option<usize>, steps: usize, as_json: bool) -> Result<()> {
+    let dir = model_dir(model)?;
+    let ck = Arc::new(Checkpoint::open(&dir)?);
+    let tok = Tokenizer::from_dir(&dir)?;
+    let enc: hexq_quantize::Encodings = read_json(&encodings)?;
+    let st: Option<hexq_calibrate::Stats> = stats.as_deref().map(read_json).transpose()?;
+    let v = enc.hexq["variant"].as_str().and_then(hexq_model::graph::Variant::parse).ok_or_else(|| anyhow::anyhow!("{}: no hexq.variant", encodings.display()))?;
+    let o = hexq_model::graph::GraphOptions { context: enc.hexq["context"].as_u64().unwrap_or(4096) as usize, seq: enc.hexq["seq"].as_u64().unwrap_or(128) as usize };
+    let mut recs = hexq_calibrate::load_dataset(&dataset)?;
+    if let Some(n) = limit {
+        recs.truncate(n);
+    }
+    let pb = count_progress("verify");
+    let r = hexq_quantize::verify::verify(ck, &tok, &recs, &enc, st.as_ref(), v, &o, steps, &pb)?;
+    pb.finish_and_clear();
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        println!("| metric ({} on {} held-out prompts) | value |\n|---|---|", r.variant, r.prompts);
+        println!("| next-token top-1 agreement (prefill) | {:.1} % |", 100.0 * r.top1_agreement);
+        println!("| hidden cosine mean / min | {:.5} / {:.5} |", r.cosine_mean, r.cosine_min);
+        println!("| KL(float ‖ quant) mean / max | {:.2e} / {:.2e} |", r.kl_mean, r.kl_max);
+        if r.greedy_steps > 0 {
+            println!("| token-exact greedy, {} steps | {}/{} |", r.greedy_steps, r.greedy_exact, r.prompts);
+            let tr: Vec<String> = r.step_cosine_mean.iter().map(|c| format!("{c:.4}")).collect();
+            println!("| decode cosine per step (mean) | {} |", tr.join(" → "));
+        }
+        println!("| final hidden norm ratio min (quant/float) | {:.3}{} |", r.norm_ratio_min, if r.collapsed { "  COLLAPSED (< 0.1)" } else { "" });
+        if st.is_some() {
+            println!("| tensors outside calibrated range on held-out | {} |", r.coverage_outside.len());
+            for c in r.coverage_outside.iter().take(5) {
+                println!("|   {} | calib [{:.4}, {:.4}] held-out [{:.4}, {:.4}] (+{:.1} % of range) |", c.tensor, c.calibrated.0, c.calibrated.1, c.heldout.0, c.heldout.1, 100.0 * c.excess);
+            }
+        }
+    }
+    if r.collapsed {
+        anyhow::bail!("quantsim's final hidden norm collapsed to {:.3} of float (< 10 %): these encodings would produce noise", r.norm_ratio_min);
+    }
+    Ok(())
+}
+
 fn synth(config: PathBuf, out: PathBuf, seed: u64, shard_bytes: u64, force: bool, as_json: bool) -> Result<()> {
     let cfg = hexq_model::ModelConfig::from_file(&config)?;
     let total: u64 = hexq_model::names::expected_tensors(&cfg).iter().map(|t| t.numel() as u64 * 2).sum();
@@ -281,6 +450,9 @@ fn main() {
         Cmd::Inspect { model, tensors, json } => inspect(model, tensors, json),
         Cmd::Run { model, prompt, system, max_tokens, backend, context, seq, json } => run(model, prompt, system, max_tokens, backend, context, seq, json),
         Cmd::Graph { model, variant, context, seq, io_contract, json } => graph(model, variant, context, seq, io_contract, json),
+        Cmd::Calibrate { model, dataset, variant, decode_tokens, limit, context, seq, noise, force, out } => calibrate(model, dataset, variant, decode_tokens, limit, context, seq, noise, force, out),
+        Cmd::Quantize { model, stats, scheme, int8_kv, overrides, force, out } => quantize(model, stats, scheme, int8_kv, overrides, force, out),
+        Cmd::Verify { model, encodings, stats, dataset, limit, steps, json } => verify(model, encodings, stats, dataset, limit, steps, json),
         Cmd::Synth { config, out, seed, shard_bytes, force, json } => synth(config, out, seed, shard_bytes, force, json),
     };
     if let Err(e) = res {

@@ -1,1 +1,336 @@
-//! Quantizers: A16W8 encodings (AIMET/QNN min-max), int8 KV, q4_0/q8_0 bit-identical to ggml, ablation grids. Filled by issues 5 and 7.
+//! hexq-quantize: A16W8 encodings in the AIMET format QNN's converter takes as `--quantization_overrides`,
+//! and the fake-quant hook quantsim runs with.
+//!
+//! The math is AIMET's min_max scheme, as implemented in libpymo (aimet `DlQuantization/quantization_utils.cpp`
+//! `getComputedEncodings` and `TfEncodingAnalyzer::computeEncoding`, read for this crate):
+//! - range widened to include 0: `min = min(min, 0)`, `max = max(max, 0)`, and `max >= min + 0.01`;
+//! - asymmetric (activations, int16): `scale = (max - min) / (2^bw - 1)`, `offset = -round(-min / scale)`
+//!   clamped to [-(2^bw-1), 0], then `min = offset·scale`, `max = min + (max_orig - min_orig)`;
+//! - symmetric (weights, int8 per output channel): `absmax = max(|min|, |max|)`,
+//!   `scale = absmax / floor((2^bw-1)/2)` (= absmax/127), `offset = -ceil((2^bw-1)/2)` (= -128),
+//!   `min = offset·scale`, `max = 127·scale`;
+//! - quantize `q = clamp(round(x/scale) - offset, 0, 2^bw-1)`, dequantize `(q + offset)·scale` (QNN's
+//!   convention: real = scale·(q + offset), offset ≤ 0).
+//! Gemma-4 has no biases, so no int32 bias encodings are emitted (the rule would be scale_act × scale_w).
+
+pub mod quantsim;
+pub mod verify;
+
+use hexq_calibrate::Stats;
+use hexq_model::graph::ir::{Graph, InitSource, Op};
+use hexq_model::{Checkpoint, Error, Result};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// MIN_RANGE of AIMET's TF/min-max analyzers.
+pub const MIN_RANGE: f64 = 0.01;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Encoding {
+    pub bitwidth: u32,
+    pub dtype: String,
+    #[serde(serialize_with = "ser_bool_str", deserialize_with = "de_bool_str")]
+    pub is_symmetric: bool,
+    pub max: f64,
+    pub min: f64,
+    pub offset: i64,
+    pub scale: f64,
+}
+
+fn ser_bool_str<S: serde::Serializer>(b: &bool, s: S) -> std::result::Result<S::Ok, S::Error> {
+    // AIMET writes "True"/"False" strings in encodings 0.6.1.
+    s.serialize_str(if *b { "True" } else { "False" })
+}
+fn de_bool_str<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<bool, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(matches!(v.as_str(), Some("True") | Some("true")) || v.as_bool() == Some(true))
+}
+
+impl Encoding {
+    /// AIMET min-max encoding for an observed range.
+    pub fn compute(bw: u32, min: f64, max: f64, symmetric: bool) -> Encoding {
+        let new_min = min.min(0.0);
+        let new_max = max.max(0.0).max(new_min + MIN_RANGE);
+        let steps = 2f64.powi(bw as i32) - 1.0;
+        if symmetric {
+            let absmax = new_max.abs().max(new_min.abs());
+            let pos = (steps / 2.0).floor();
+            let scale = absmax / pos;
+            let offset = -(steps / 2.0).ceil();
+            Encoding { bitwidth: bw, dtype: "int".into(), is_symmetric: true, min: offset * scale, max: scale * pos, offset: offset as i64, scale }
+        } else {
+            let scale = (new_max - new_min) / steps;
+            let offset = if new_min < 0.0 && new_max > 0.0 {
+                -(-new_min / scale).round().clamp(0.0, steps)
+            } else {
+                (new_min / scale).round()
+            };
+            let emin = scale * offset;
+            Encoding { bitwidth: bw, dtype: "int".into(), is_symmetric: false, min: emin, max: new_max - new_min + emin, offset: offset as i64, scale }
+        }
+    }
+
+    pub fn qmax(&self) -> f64 {
+        2f64.powi(self.bitwidth as i32) - 1.0
+    }
+
+    /// quantize → dequantize.
+    #[inline]
+    pub fn fake(&self, x: f32) -> f32 {
+        let q = ((x as f64 / self.scale).round() - self.offset as f64).clamp(0.0, self.qmax());
+        ((q + self.offset as f64) * self.scale) as f32
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Activation,
+    Param,
+}
+
+/// One override rule: tensors whose name matches `pattern` (`*` wildcard) get `bitwidth` (and optionally
+/// symmetric / per-tensor). E.g. keep a tensor at 16 bits, or W4 per-channel MLP weights.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Rule {
+    pub pattern: String,
+    pub kind: Kind,
+    pub bitwidth: u32,
+    #[serde(default)]
+    pub symmetric: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Overrides {
+    pub rules: Vec<Rule>,
+}
+
+pub fn glob(p: &str, s: &str) -> bool {
+    let parts: Vec<&str> = p.split('*').collect();
+    if parts.len() == 1 {
+        return p == s;
+    }
+    let mut rest = s;
+    for (i, part) in parts.iter().enumerate() {
+        if i == 0 {
+            if !rest.starts_with(part) {
+                return false;
+            }
+            rest = &rest[part.len()..];
+        } else if i == parts.len() - 1 {
+            return rest.ends_with(part);
+        } else if let Some(k) = rest.find(part) {
+            rest = &rest[k + part.len()..];
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+impl Overrides {
+    pub fn from_file(p: &std::path::Path) -> Result<Self> {
+        let t = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+        let o: Overrides = serde_json::from_str(&t).map_err(|e| Error::file(p, format!("invalid overrides: {e}")))?;
+        for r in &o.rules {
+            if !(2..=16).contains(&r.bitwidth) {
+                return Err(Error::file(p, format!("rule {:?}: bitwidth {} not in 2..=16", r.pattern, r.bitwidth)));
+            }
+        }
+        Ok(o)
+    }
+    fn find(&self, kind: Kind, name: &str) -> Option<&Rule> {
+        self.rules.iter().rev().find(|r| r.kind == kind && glob(&r.pattern, name))
+    }
+}
+
+pub struct Scheme {
+    pub act_bw: u32,
+    pub weight_bw: u32,
+    /// Other float constants (norm weights, scalars, tables): per-tensor asymmetric at this width.
+    pub const_bw: u32,
+    pub int8_kv: bool,
+}
+
+impl Scheme {
+    pub fn a16w8(int8_kv: bool) -> Self {
+        Scheme { act_bw: 16, weight_bw: 8, const_bw: 16, int8_kv }
+    }
+}
+
+/// The encodings file (AIMET 0.6.1 layout): activation and param encodings by tensor name.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Encodings {
+    pub version: String,
+    pub activation_encodings: BTreeMap<String, Vec<Encoding>>,
+    pub param_encodings: BTreeMap<String, Vec<Encoding>>,
+    /// hexq provenance (ignored by QNN): scheme, hashes.
+    #[serde(default)]
+    pub hexq: serde_json::Value,
+}
+
+/// Problems the guards report; `quantize` refuses them unless forced.
+pub fn check_stats(stats: &Stats) -> Vec<String> {
+    let mut w = Vec::new();
+    if !stats.chat_formatted {
+        w.push("the calibration set was not chat-formatted (raw text or noise)".into());
+    }
+    for (n, r) in &stats.tensors {
+        let maskish = n.contains("mask") || n.contains("scores");
+        if !r.min.is_finite() || !r.max.is_finite() || r.min <= -1e30 || r.max >= 1e30 || (maskish && r.min < -2e4) {
+            w.push(format!(
+                "{n}: range [{}, {}] holds a mask constant outside ±1e4 (-inf / f32::MIN destroy the int16 range of every tensor they reach; use NEG = -1e4)",
+                r.min, r.max
+            ));
+        } else if r.min == r.max {
+            w.push(format!("{n}: degenerate range (min = max = {}); the calibration never exercised it", r.min));
+        }
+    }
+    w
+}
+
+/// Compute encodings for `graph` from calibration `stats` and the checkpoint's weights.
+pub fn encode(ck: &Checkpoint, graph: &Graph, stats: &Stats, scheme: &Scheme, ov: &Overrides) -> Result<Encodings> {
+    if stats.graph_sha256 != graph.content_hash() {
+        return Err(Error::Msg(format!(
+            "stats were calibrated on graph {} (variant {}), not on this {} graph: re-run hexq calibrate",
+            &stats.graph_sha256[..12], stats.variant, graph.name)));
+    }
+    let mut enc = Encodings { version: "0.6.1".into(), ..Default::default() };
+    let is_kv = |n: &str| n.starts_with("past_key_") || n.starts_with("past_value_") || n.starts_with("present_key_") || n.starts_with("present_value_");
+    // Activations: graph inputs and float node outputs.
+    let mut names: Vec<&str> = graph.inputs.iter().map(|v| v.name.as_str()).collect();
+    names.extend(graph.nodes.iter().map(|n| n.outputs[0].as_str()));
+    for n in names {
+        let ty = &graph.types[n];
+        if !ty.dtype.is_float() {
+            continue;
+        }
+        let r = stats.tensors.get(n).ok_or_else(|| Error::Msg(format!("stats have no range for graph tensor {n:?}")))?;
+        let mut bw = if scheme.int8_kv && is_kv(n) { 8 } else { scheme.act_bw };
+        let mut sym = false;
+        if let Some(rule) = ov.find(Kind::Activation, n) {
+            bw = rule.bitwidth;
+            sym = rule.symmetric.unwrap_or(false);
+        }
+        enc.activation_encodings.insert(n.into(), vec![Encoding::compute(bw, r.min as f64, r.max as f64, sym)]);
+    }
+    // Params: MatMul weights per output channel (symmetric), other float constants per tensor (asymmetric).
+    let matmul_weights: std::collections::HashSet<&str> = graph
+        .nodes
+        .iter()
+        .filter(|n| n.op == Op::MatMul)
+        .filter_map(|n| n.inputs.get(1).map(|s| s.as_str()))
+        .collect();
+    let inits: Vec<_> = graph.initializers.iter().filter(|i| i.ty.dtype.is_float()).collect();
+    let computed: Vec<Result<(String, Vec<Encoding>)>> = inits
+        .par_iter()
+        .map(|i| {
+            let vals: Vec<f32> = match &i.source {
+                InitSource::F32(v) => v.clone(),
+                InitSource::Weight { tensor, .. } => ck.f32(tensor)?,
+                InitSource::I64(_) => unreachable!(),
+            };
+            if let Some(bad) = vals.iter().find(|v| !v.is_finite()) {
+                return Err(Error::Msg(format!("initializer {}: non-finite value {bad}", i.name)));
+            }
+            let rule = ov.find(Kind::Param, &i.name);
+            if matmul_weights.contains(i.name.as_str()) {
+                if let InitSource::Weight { transpose: true, .. } = &i.source {
+                    // Checkpoint layout [out, in]: one encoding per output channel = per row.
+                    let bw = rule.map(|r| r.bitwidth).unwrap_or(scheme.weight_bw);
+                    let cols = i.ty.shape[0];
+                    let e = vals
+                        .chunks(cols)
+                        .map(|row| {
+                            let (lo, hi) = row.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+                            Encoding::compute(bw, lo as f64, hi as f64, rule.and_then(|r| r.symmetric).unwrap_or(true))
+                        })
+                        .collect();
+                    return Ok((i.name.clone(), e));
+                }
+            }
+            let bw = rule.map(|r| r.bitwidth).unwrap_or(scheme.const_bw);
+            let (lo, hi) = vals.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+            Ok((i.name.clone(), vec![Encoding::compute(bw, lo as f64, hi as f64, rule.and_then(|r| r.symmetric).unwrap_or(false))]))
+        })
+        .collect();
+    for c in computed {
+        let (n, e) = c?;
+        enc.param_encodings.insert(n, e);
+    }
+    enc.hexq = serde_json::json!({
+        "scheme": format!("a{}w{}{}", scheme.act_bw, scheme.weight_bw, if scheme.int8_kv { "_int8kv" } else { "" }),
+        "graph": graph.name, "graph_sha256": stats.graph_sha256, "model_sha256": stats.model_sha256,
+        "dataset_sha256": stats.dataset_sha256, "weights": "int8 symmetric per output channel (axis = output of the [in, out] MatMul weight)",
+        "overrides": ov.rules,
+    });
+    Ok(enc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asymmetric_int16_hand_computed() {
+        // [-1, 3]: scale = 4/65535, offset = -round(1/scale) = -16384, min = -16384·scale.
+        let e = Encoding::compute(16, -1.0, 3.0, false);
+        let s = 4.0 / 65535.0;
+        assert!((e.scale - s).abs() < 1e-15);
+        assert_eq!(e.offset, -16384);
+        assert!((e.min - -16384.0 * s).abs() < 1e-12);
+        assert!((e.max - (e.min + 4.0)).abs() < 1e-12);
+        // Zero is exactly representable.
+        assert_eq!(e.fake(0.0), 0.0);
+        // All-positive range is widened to include 0: [2, 5] → [0, 5], offset 0.
+        let e = Encoding::compute(16, 2.0, 5.0, false);
+        assert_eq!(e.offset, 0);
+        assert_eq!(e.min, 0.0);
+        assert!((e.scale - 5.0 / 65535.0).abs() < 1e-15);
+        // All-negative: [-4, -1] → [-4, 0], offset = round(-4/scale) = -65535.
+        let e = Encoding::compute(16, -4.0, -1.0, false);
+        assert_eq!(e.offset, -65535);
+        // Degenerate range [0, 0] → MIN_RANGE 0.01.
+        let e = Encoding::compute(16, 0.0, 0.0, false);
+        assert!((e.max - 0.01).abs() < 1e-12 && e.min == 0.0);
+        // The mask constant NEG = -1e4 is exactly representable on its own range.
+        let e = Encoding::compute(16, -1e4, 0.0, false);
+        assert_eq!(e.fake(-1e4), -1e4);
+    }
+
+    #[test]
+    fn symmetric_int8_hand_computed() {
+        // absmax 2.54 → scale 0.02, offset -128, range [-2.56, 2.54].
+        let e = Encoding::compute(8, -1.0, 2.54, true);
+        assert!((e.scale - 0.02).abs() < 1e-12);
+        assert_eq!(e.offset, -128);
+        assert!((e.min - -2.56).abs() < 1e-12 && (e.max - 2.54).abs() < 1e-12);
+        assert!((e.fake(2.54) - 2.54).abs() < 1e-6);
+        assert!((e.fake(-2.54) + 2.54).abs() < 1e-6);
+        assert!((e.fake(100.0) - 2.54).abs() < 1e-6, "clamps at 127·scale");
+        assert!((e.fake(0.011) - 0.02).abs() < 1e-6, "rounds to nearest step");
+        // 4-bit symmetric (W4 override): 7 positive steps, offset -8.
+        let e = Encoding::compute(4, -0.7, 0.7, true);
+        assert!((e.scale - 0.1).abs() < 1e-12);
+        assert_eq!(e.offset, -8);
+    }
+
+    #[test]
+    fn fake_quant_error_is_at_most_half_a_step_inside_the_range() {
+        let e = Encoding::compute(16, -3.7, 11.2, false);
+        for i in 0..1000 {
+            let x = -3.7 + 14.9 * i as f64 / 999.0;
+            assert!(((e.fake(x as f32) as f64) - x).abs() <= e.scale / 2.0 + 1e-6);
+        }
+    }
+
+    #[test]
+    fn glob_matches() {
+        assert!(glob("layers.*.mlp.*_proj.weight.T", "layers.3.mlp.up_proj.weight.T"));
+        assert!(!glob("layers.*.mlp.*_proj.weight.T", "layers.3.self_attn.q_proj.weight.T"));
+        assert!(glob("present_*", "present_key_3"));
+        assert!(glob("norm.out", "norm.out"));
+    }
+}

@@ -1,0 +1,48 @@
+//! Quantsim: an interpreter hook that replaces every encoded tensor by its quantize→dequantize copy —
+//! activations as they are produced, params as they are loaded (per output channel for MatMul weights).
+
+use crate::Encodings;
+use candle_core::{Device, Tensor};
+use hexq_model::graph::interp::Hook;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+#[derive(Clone)]
+pub struct FakeQuant {
+    enc: Arc<HashMap<String, Vec<crate::Encoding>>>,
+}
+
+impl FakeQuant {
+    pub fn new(e: &Encodings) -> Self {
+        let mut m = HashMap::new();
+        for (k, v) in e.activation_encodings.iter().chain(&e.param_encodings) {
+            m.insert(k.clone(), v.clone());
+        }
+        FakeQuant { enc: Arc::new(m) }
+    }
+}
+
+impl Hook for FakeQuant {
+    fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
+        let e = self.enc.get(name)?;
+        if t.dtype() != candle_core::DType::F32 {
+            return None;
+        }
+        let dims = t.dims().to_vec();
+        if e.len() == 1 {
+            let v: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;
+            let q: Vec<f32> = v.iter().map(|&x| e[0].fake(x)).collect();
+            return Tensor::from_vec(q, dims.as_slice(), &Device::Cpu).ok();
+        }
+        // Per-channel MatMul weight seen as the [in, out] view of an [out, in] tensor: channel = last axis.
+        let out = *dims.last()?;
+        if out != e.len() {
+            return None;
+        }
+        let w = t.t().ok()?.contiguous().ok()?; // [out, in] rows
+        let v: Vec<f32> = w.flatten_all().ok()?.to_vec1().ok()?;
+        let cols = v.len() / out;
+        let q: Vec<f32> = v.chunks(cols).zip(e.iter()).flat_map(|(row, en)| row.iter().map(move |&x| en.fake(x))).collect();
+        Tensor::from_vec(q, (out, cols), &Device::Cpu).ok()?.t().ok()
+    }
+}

@@ -1,0 +1,193 @@
+//! `hexq verify`: quantsim (or any hooked graph run) against float on held-out chat prompts — next-token
+//! top-1, hidden cosine, KL, token-exact greedy, a per-step decode cosine trace, final-norm collapse and
+//! range coverage.
+
+use crate::quantsim::FakeQuant;
+use crate::Encodings;
+use candle_core::Tensor;
+use hexq_calibrate::{Range, RangeObserver, Record, Stats};
+use hexq_model::chat::Tokenizer;
+use hexq_model::forward::{argmax, Host};
+use hexq_model::graph::interp::{Hook, Interpreter};
+use hexq_model::graph::{build, GraphOptions, Variant};
+use hexq_model::{Checkpoint, Result};
+use hexq_runtime::graph::GraphBackend;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Observe the un-quantized value (coverage), then fake-quantize it.
+struct ObserveThenQuant(RangeObserver, FakeQuant);
+impl Hook for ObserveThenQuant {
+    fn tensor(&mut self, n: &str, t: &Tensor) -> Option<Tensor> {
+        self.0.tensor(n, t);
+        self.1.tensor(n, t)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptResult {
+    pub id: String,
+    pub prompt_tokens: usize,
+    pub top1_agree: bool,
+    pub cosine: f64,
+    pub kl: f64,
+    pub norm_ratio: f64,
+    pub greedy_exact: bool,
+    pub greedy_agree_steps: usize,
+    pub step_cosine: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Coverage {
+    pub tensor: String,
+    pub calibrated: (f32, f32),
+    pub heldout: (f32, f32),
+    /// How far outside, relative to the calibrated width.
+    pub excess: f32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub variant: String,
+    pub prompts: usize,
+    pub top1_agreement: f64,
+    pub cosine_mean: f64,
+    pub cosine_min: f64,
+    pub kl_mean: f64,
+    pub kl_max: f64,
+    pub greedy_steps: usize,
+    pub greedy_exact: usize,
+    pub norm_ratio_min: f64,
+    pub collapsed: bool,
+    /// Mean over prompts of the hidden cosine at each teacher-forced decode step.
+    pub step_cosine_mean: Vec<f64>,
+    pub coverage_outside: Vec<Coverage>,
+    pub per_prompt: Vec<PromptResult>,
+}
+
+fn cos(a: &[f32], b: &[f32]) -> f64 {
+    let (mut d, mut na, mut nb) = (0f64, 0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        d += *x as f64 * *y as f64;
+        na += (*x as f64).powi(2);
+        nb += (*y as f64).powi(2);
+    }
+    d / (na.sqrt() * nb.sqrt()).max(1e-30)
+}
+
+fn norm(a: &[f32]) -> f64 {
+    a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt()
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f64> {
+    let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z = l.iter().map(|x| (*x as f64 - m).exp()).sum::<f64>().ln() + m;
+    l.iter().map(|x| *x as f64 - z).collect()
+}
+
+/// KL(p_float || p_quant).
+pub fn kl(float: &[f32], quant: &[f32]) -> f64 {
+    let (lp, lq) = (log_softmax(float), log_softmax(quant));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
+}
+
+fn backend(ck: &Arc<Checkpoint>, v: Variant, o: &GraphOptions) -> Result<GraphBackend> {
+    let dv = if v == Variant::Trunk { Variant::DecodeWgqa } else { v };
+    let d = Interpreter::new(build(&ck.config, dv, o), ck.clone())?;
+    let t = if v == Variant::Trunk { Some(Interpreter::new(build(&ck.config, v, o), ck.clone())?.sharing_weights_with(&d)) } else { None };
+    GraphBackend::new(Host::load(ck.clone())?, d, t, o.context)
+}
+
+pub fn verify(ck: Arc<Checkpoint>, tok: &Tokenizer, recs: &[Record], enc: &Encodings, stats: Option<&Stats>, v: Variant, o: &GraphOptions, steps: usize, pb: &indicatif::ProgressBar) -> Result<Report> {
+    let mut f = backend(&ck, v, o)?;
+    let mut q = backend(&ck, v, o)?;
+    let obs = RangeObserver::default();
+    q.hook = Some(Box::new(ObserveThenQuant(obs.clone(), FakeQuant::new(enc))));
+    pb.set_length(recs.len() as u64);
+    let mut per = Vec::new();
+    for r in recs {
+        let ids = match &r.messages {
+            Some(m) => tok.encode_chat(m)?,
+            None => tok.encode(r.text.as_deref().unwrap())?,
+        };
+        // Leave room for the decode steps inside the context.
+        let ids: Vec<u32> = ids.into_iter().take(o.context.saturating_sub(steps + 1).max(1)).collect();
+        hexq_runtime::Backend::reset(&mut f);
+        hexq_runtime::Backend::reset(&mut q);
+        let hf = f.hidden(&ids)?.pop().unwrap();
+        let hq = q.hidden(&ids)?.pop().unwrap();
+        let (lf, lq) = (f.logits(&hf)?, q.logits(&hq)?);
+        let mut res = PromptResult {
+            id: r.id.clone(),
+            prompt_tokens: ids.len(),
+            top1_agree: argmax(&lf) == argmax(&lq),
+            cosine: cos(&hf, &hq),
+            kl: kl(&lf, &lq),
+            norm_ratio: norm(&hq) / norm(&hf).max(1e-30),
+            greedy_exact: true,
+            greedy_agree_steps: 0,
+            step_cosine: vec![],
+        };
+        // Decode: teacher-forced on float's greedy tokens. Quant agrees on every step ⇔ its own greedy
+        // continuation is token-exact.
+        if v != Variant::Trunk {
+            let (mut lf, mut lq) = (lf, lq);
+            for _ in 0..steps {
+                let nf = argmax(&lf);
+                if argmax(&lq) != nf {
+                    res.greedy_exact = false;
+                } else if res.greedy_exact {
+                    res.greedy_agree_steps += 1;
+                }
+                let hf = f.step(nf)?;
+                let hq = q.step(nf)?;
+                res.step_cosine.push(cos(&hf, &hq));
+                res.norm_ratio = res.norm_ratio.min(norm(&hq) / norm(&hf).max(1e-30));
+                lf = f.logits(&hf)?;
+                lq = q.logits(&hq)?;
+            }
+        }
+        per.push(res);
+        pb.inc(1);
+    }
+    let n = per.len() as f64;
+    let maxlen = per.iter().map(|p| p.step_cosine.len()).max().unwrap_or(0);
+    let step_cosine_mean = (0..maxlen)
+        .map(|s| {
+            let v: Vec<f64> = per.iter().filter_map(|p| p.step_cosine.get(s).copied()).collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        })
+        .collect();
+    let mut coverage_outside = Vec::new();
+    if let Some(st) = stats {
+        let held: BTreeMap<String, Range> = obs.ranges.lock().unwrap().clone();
+        for (name, h) in held {
+            if let Some(c) = st.tensors.get(&name) {
+                let w = (c.max - c.min).max(1e-12);
+                let ex = ((c.min - h.min).max(0.0) + (h.max - c.max).max(0.0)) / w;
+                if ex > 0.0 {
+                    coverage_outside.push(Coverage { tensor: name, calibrated: (c.min, c.max), heldout: (h.min, h.max), excess: ex });
+                }
+            }
+        }
+        coverage_outside.sort_by(|a, b| b.excess.partial_cmp(&a.excess).unwrap().then(a.tensor.cmp(&b.tensor)));
+    }
+    let norm_ratio_min = per.iter().map(|p| p.norm_ratio).fold(f64::INFINITY, f64::min);
+    Ok(Report {
+        variant: v.name().into(),
+        prompts: per.len(),
+        top1_agreement: per.iter().filter(|p| p.top1_agree).count() as f64 / n,
+        cosine_mean: per.iter().map(|p| p.cosine).sum::<f64>() / n,
+        cosine_min: per.iter().map(|p| p.cosine).fold(f64::INFINITY, f64::min),
+        kl_mean: per.iter().map(|p| p.kl).sum::<f64>() / n,
+        kl_max: per.iter().map(|p| p.kl).fold(0.0, f64::max),
+        greedy_steps: if v == Variant::Trunk { 0 } else { steps },
+        greedy_exact: per.iter().filter(|p| p.greedy_exact).count(),
+        norm_ratio_min,
+        collapsed: norm_ratio_min < 0.1,
+        step_cosine_mean,
+        coverage_outside,
+        per_prompt: per,
+    })
+}

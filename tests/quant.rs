@@ -1,0 +1,154 @@
+//! Calibration → A16W8 encodings → quantsim verify on the tiny fixture, and the guards.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+}
+
+fn hexq(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hexq"));
+    c.current_dir(root()).args(args);
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn ok(o: &Output) {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+const MODEL: &str = "tests/fixtures/tiny-gemma4";
+
+fn calibrate(out: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut a = vec!["calibrate", "--model", MODEL, "--limit", "12", "--context", "128", "--decode-tokens", "4", "--out", out.to_str().unwrap()];
+    a.extend(extra);
+    hexq(&a, envs)
+}
+
+#[test]
+fn calibrate_quantize_verify_on_the_tiny_model() {
+    let t = tempfile::tempdir().unwrap();
+    let st = t.path().join("stats.json");
+    ok(&calibrate(&st, &[], &[]));
+    let s: Value = serde_json::from_str(&std::fs::read_to_string(&st).unwrap()).unwrap();
+    assert_eq!(s["chat_formatted"], true);
+    assert_eq!(s["template_ids_seen"], serde_json::json!([105, 106, 107, 2364, 4368]));
+    assert!(s["tensors"]["hidden_states"]["count"].as_u64().unwrap() > 0);
+    assert_eq!(s["model_sha256"].as_str().unwrap().len(), 64);
+    // Encodings, plain and int8-KV.
+    let enc = t.path().join("enc.json");
+    ok(&hexq(&["quantize", "--model", MODEL, "--stats", st.to_str().unwrap(), "--out", enc.to_str().unwrap()], &[]));
+    let e: Value = serde_json::from_str(&std::fs::read_to_string(&enc).unwrap()).unwrap();
+    let a = &e["activation_encodings"]["hidden_states"][0];
+    assert_eq!(a["bitwidth"], 16);
+    assert_eq!(a["is_symmetric"], "False");
+    let w = e["param_encodings"]["layers.0.self_attn.q_proj.weight.T"].as_array().unwrap();
+    assert_eq!(w.len(), 64, "one encoding per output channel");
+    assert!(w.iter().all(|c| c["bitwidth"] == 8 && c["offset"] == -128 && c["is_symmetric"] == "True"));
+    assert_eq!(e["activation_encodings"]["present_key_0"][0]["bitwidth"], 16);
+    let enc8 = t.path().join("enc8.json");
+    ok(&hexq(&["quantize", "--model", MODEL, "--stats", st.to_str().unwrap(), "--int8-kv", "--out", enc8.to_str().unwrap()], &[]));
+    let e8: Value = serde_json::from_str(&std::fs::read_to_string(&enc8).unwrap()).unwrap();
+    assert_eq!(e8["activation_encodings"]["present_key_0"][0]["bitwidth"], 8);
+    assert_eq!(e8["activation_encodings"]["past_value_4"][0]["bitwidth"], 8);
+    // Overrides: W4 per-channel MLP weights, one tensor kept at 16 bits.
+    let ov = t.path().join("ov.json");
+    std::fs::write(&ov, r#"{"rules": [{"pattern": "layers.*.mlp.*_proj.weight.T", "kind": "param", "bitwidth": 4}]}"#).unwrap();
+    let enc4 = t.path().join("enc4.json");
+    ok(&hexq(&["quantize", "--model", MODEL, "--stats", st.to_str().unwrap(), "--overrides", ov.to_str().unwrap(), "--out", enc4.to_str().unwrap()], &[]));
+    let e4: Value = serde_json::from_str(&std::fs::read_to_string(&enc4).unwrap()).unwrap();
+    assert_eq!(e4["param_encodings"]["layers.2.mlp.down_proj.weight.T"][0]["bitwidth"], 4);
+    assert_eq!(e4["param_encodings"]["layers.2.self_attn.o_proj.weight.T"][0]["bitwidth"], 8);
+    // Verify: A16W8 tracks float closely on the tiny model (measured: cosine ≥ 0.98, top-1 ≥ 80 %).
+    let o = hexq(&["verify", "--model", MODEL, "--encodings", enc.to_str().unwrap(), "--stats", st.to_str().unwrap(), "--limit", "8", "--steps", "4", "--json"], &[]);
+    ok(&o);
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["prompts"], 8);
+    assert!(r["cosine_mean"].as_f64().unwrap() > 0.98, "{r}");
+    assert!(r["top1_agreement"].as_f64().unwrap() >= 0.6, "{r}");
+    assert_eq!(r["step_cosine_mean"].as_array().unwrap().len(), 4);
+    assert_eq!(r["collapsed"], false);
+    // Stats from another graph are refused.
+    let stt = t.path().join("trunk.json");
+    ok(&calibrate(&stt, &["--variant", "trunk", "--seq", "32"], &[]));
+    let mut sv: Value = serde_json::from_str(&std::fs::read_to_string(&stt).unwrap()).unwrap();
+    sv["graph_sha256"] = "0".repeat(64).into();
+    std::fs::write(&stt, sv.to_string()).unwrap();
+    let o = hexq(&["quantize", "--model", MODEL, "--stats", stt.to_str().unwrap(), "--out", t.path().join("x.json").to_str().unwrap()], &[]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("re-run hexq calibrate"));
+    assert!(!t.path().join("x.json").exists());
+}
+
+#[test]
+fn calibration_is_byte_identical_across_runs_and_thread_counts() {
+    let t = tempfile::tempdir().unwrap();
+    let a = t.path().join("a.json");
+    let b = t.path().join("b.json");
+    let c = t.path().join("c.json");
+    ok(&calibrate(&a, &[], &[]));
+    ok(&calibrate(&b, &[], &[]));
+    ok(&calibrate(&c, &[], &[("RAYON_NUM_THREADS", "1"), ("CANDLE_NUM_THREADS", "1")]));
+    let ba = std::fs::read(&a).unwrap();
+    assert_eq!(ba, std::fs::read(&b).unwrap());
+    assert_eq!(ba, std::fs::read(&c).unwrap());
+}
+
+#[test]
+fn guards_refuse_raw_text_noise_and_mask_constants() {
+    let t = tempfile::tempdir().unwrap();
+    // Raw text (no chat template).
+    let out = t.path().join("raw.json");
+    let o = calibrate(&out, &["--dataset", "datasets/raw_text_sample.jsonl"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("raw text, not chat-formatted") && e.contains("raw_text_sample.jsonl"), "{e}");
+    assert!(!out.exists());
+    // Forced, it runs, but the stats say so and quantize refuses them.
+    ok(&calibrate(&out, &["--dataset", "datasets/raw_text_sample.jsonl", "--force"], &[]));
+    let o = hexq(&["quantize", "--model", MODEL, "--stats", out.to_str().unwrap(), "--out", t.path().join("e.json").to_str().unwrap()], &[]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not chat-formatted"));
+    // Random-noise embeddings.
+    let out = t.path().join("noise.json");
+    let o = calibrate(&out, &["--noise"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("random-noise"));
+    // A -inf / f32::MIN mask constant in a range.
+    let st = t.path().join("s.json");
+    ok(&calibrate(&st, &[], &[]));
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&st).unwrap()).unwrap();
+    v["tensors"]["layers.0.self_attn.scores_masked"]["min"] = serde_json::json!(-3.4028235e38);
+    std::fs::write(&st, v.to_string()).unwrap();
+    let o = hexq(&["quantize", "--model", MODEL, "--stats", st.to_str().unwrap(), "--out", t.path().join("e.json").to_str().unwrap()], &[]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("mask constant outside ±1e4") && e.contains("scores_masked"), "{e}");
+    // Degenerate range.
+    v["tensors"]["layers.0.self_attn.scores_masked"]["min"] = serde_json::json!(-1.0);
+    v["tensors"]["layers.1.mlp.gated"]["min"] = serde_json::json!(0.5);
+    v["tensors"]["layers.1.mlp.gated"]["max"] = serde_json::json!(0.5);
+    std::fs::write(&st, v.to_string()).unwrap();
+    let o = hexq(&["quantize", "--model", MODEL, "--stats", st.to_str().unwrap(), "--out", t.path().join("e.json").to_str().unwrap()], &[]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("degenerate range"));
+    assert!(!t.path().join("e.json").exists());
+}
+
+#[test]
+fn collapsed_quantsim_is_reported() {
+    // Encodings squeezed to a tiny range on the residual stream: quantsim's final norm collapses and
+    // verify fails loudly (the published noise-calibrated binary: final hidden norm 0.0000).
+    let t = tempfile::tempdir().unwrap();
+    let st = t.path().join("s.json");
+    ok(&calibrate(&st, &[], &[]));
+    let enc = t.path().join("e.json");
+    ok(&hexq(&["quantize", "--model", MODEL, "--stats", st.to_str().unwrap(), "--out", enc.to_str().unwrap()], &[]));
+    let mut e: Value = serde_json::from_str(&std::fs::read_to_string(&enc).unwrap()).unwrap();
+    let tiny = serde_json::json!([{"bitwidth": 16, "dtype": "int", "is_symmetric": "False", "min": 0.0, "max": 1e-6, "offset": 0, "scale": 1.5e-11}]);
+    e["activation_encodings"]["hidden_states"] = tiny;
+    std::fs::write(&enc, e.to_string()).unwrap();
+    let o = hexq(&["verify", "--model", MODEL, "--encodings", enc.to_str().unwrap(), "--limit", "2", "--steps", "1"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("collapsed"));
+}
