@@ -152,3 +152,80 @@ fn collapsed_quantsim_is_reported() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("collapsed"));
 }
+
+#[test]
+fn encodings_match_aimet_within_one_lsb() {
+    // Judge: aimet-onnx 2.42 (PyPI). .ci/run installs it and sets HEXQ_REQUIRE_JUDGES=1; elsewhere a
+    // missing aimet skips with the reason printed.
+    let probe = Command::new("python3").args(["-c", "import aimet_onnx"]).output();
+    if !matches!(&probe, Ok(o) if o.status.success()) {
+        let why = probe.map(|o| String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("").to_string()).unwrap_or_else(|e| e.to_string());
+        assert!(std::env::var("HEXQ_REQUIRE_JUDGES").is_err(), "aimet-onnx required but not importable: {why}");
+        eprintln!("SKIP encodings_match_aimet_within_one_lsb: aimet-onnx not importable: {why}");
+        return;
+    }
+    use hexq_calibrate::{calibrate_with, Options, RangeObserver};
+    use hexq_model::graph::{build, GraphOptions, Variant};
+    use std::sync::Arc;
+    let dir = root().join(MODEL);
+    let ck = Arc::new(hexq_model::Checkpoint::open(&dir).unwrap());
+    let tok = hexq_model::chat::Tokenizer::from_dir(&dir).unwrap();
+    // MatMuls judged: (input activation, output activation, checkpoint weight).
+    let mm = [
+        ("layers.0.pre_feedforward_layernorm.out", "layers.0.mlp.up_proj", "layers.0.mlp.up_proj.weight"),
+        ("layers.4.input_layernorm.out", "layers.4.self_attn.q_proj", "layers.4.self_attn.q_proj.weight"),
+        ("layers.7.mlp.gated", "layers.7.mlp.down_proj", "layers.7.mlp.down_proj.weight"),
+    ];
+    let obs = RangeObserver {
+        capture: Arc::new(mm.iter().map(|m| m.0.to_string()).collect()),
+        ..Default::default()
+    };
+    let o = Options { variant: Variant::DecodeWgqa, graph: GraphOptions { context: 128, seq: 128 }, decode_tokens: 2, limit: Some(4), force: false, noise: false };
+    let pb = indicatif::ProgressBar::hidden();
+    let stats = calibrate_with(ck.clone(), &tok, &root().join("datasets/calibration.jsonl"), &o, &pb, obs.clone()).unwrap();
+    let g = build(&ck.config, Variant::DecodeWgqa, &o.graph);
+    let enc = hexq_quantize::encode(&ck, &g, &stats, &hexq_quantize::Scheme::a16w8(false), &Default::default()).unwrap();
+    let cap = obs.captured.lock().unwrap().clone();
+    let cases: Vec<Value> = mm
+        .iter()
+        .map(|(x, y, w)| serde_json::json!({"x_name": x, "y_name": y, "w_tensor": format!("model.language_model.{w}"), "x": cap[*x]}))
+        .collect();
+    let t = tempfile::tempdir().unwrap();
+    let cp = t.path().join("cases.json");
+    std::fs::write(&cp, serde_json::json!({"model_dir": dir, "cases": cases}).to_string()).unwrap();
+    let ap = t.path().join("aimet.json");
+    let o = Command::new("python3").arg(root().join("tests/judges/aimet_encodings.py")).arg(&cp).arg(&ap).output().unwrap();
+    assert!(o.status.success(), "aimet judge failed: {}", String::from_utf8_lossy(&o.stderr));
+    let a: Value = serde_json::from_str(&std::fs::read_to_string(&ap).unwrap()).unwrap();
+    let within_lsb = |what: &str, ours: &hexq_quantize::Encoding, scale: f64, offset: f64| {
+        // Same grid within one step: min and max agree to one LSB of either encoding.
+        let (amin, amax) = (offset * scale, offset * scale + ours.qmax() * scale);
+        let lsb = ours.scale.max(scale);
+        assert!((ours.min - amin).abs() <= lsb * 1.0001 && (ours.max - amax).abs() <= lsb * 1.0001,
+            "{what}: hexq [{}, {}] scale {} offset {} vs aimet [{amin}, {amax}] scale {scale} offset {offset}", ours.min, ours.max, ours.scale, ours.offset);
+    };
+    let mut checked = 0;
+    for (x, y, w) in mm {
+        let r = &a[y];
+        let f = |v: &Value, k: &str, i: usize| v[k][i].as_f64().unwrap();
+        within_lsb(&format!("{x} (input)"), &enc.activation_encodings[x][0], f(&r["x"], "scale", 0), f(&r["x"], "offset", 0));
+        // AIMET observes a MatMul's *output* in the model whose weights (and input) are already
+        // fake-quantized; hexq calibrates outputs on the float graph. So outputs are judged to 0.5 % of the
+        // range, not 1 LSB (measured: 45 LSB = 0.07 % on up_proj).
+        let oy = &enc.activation_encodings[y][0];
+        let (sy, oy_off) = (f(&r["y"], "scale", 0), f(&r["y"], "offset", 0));
+        let (amin, amax) = (oy_off * sy, (oy_off + oy.qmax()) * sy);
+        let width = oy.max - oy.min;
+        assert!((oy.min - amin).abs() <= 5e-3 * width && (oy.max - amax).abs() <= 5e-3 * width,
+            "{y} (output): hexq [{}, {}] vs aimet [{amin}, {amax}]", oy.min, oy.max);
+        let ours = &enc.param_encodings[&format!("{w}.T")];
+        assert_eq!(ours.len(), r["w"]["scale"].as_array().unwrap().len(), "{w}: channels");
+        for (c, e) in ours.iter().enumerate() {
+            within_lsb(&format!("{w} channel {c}"), e, f(&r["w"], "scale", c), f(&r["w"], "offset", c));
+            checked += 1;
+        }
+        assert_eq!(r["x"]["bw"], 16);
+        assert_eq!(r["w"]["bw"], 8);
+    }
+    assert!(checked > 100);
+}

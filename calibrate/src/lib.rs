@@ -93,6 +93,9 @@ pub struct Stats {
 pub struct RangeObserver {
     pub skip: Arc<HashSet<String>>,
     pub ranges: Arc<Mutex<BTreeMap<String, Range>>>,
+    /// Tensors whose every value is also kept (for independent judges of the encodings).
+    pub capture: Arc<HashSet<String>>,
+    pub captured: Arc<Mutex<BTreeMap<String, Vec<Vec<f32>>>>>,
 }
 
 impl Hook for RangeObserver {
@@ -101,6 +104,9 @@ impl Hook for RangeObserver {
             return None;
         }
         let v: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;
+        if self.capture.contains(name) {
+            self.captured.lock().unwrap().entry(name.to_string()).or_default().push(v.clone());
+        }
         let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
         for &x in &v {
             // NaN would poison min/max silently; make it visible as an infinite range instead.
@@ -155,6 +161,11 @@ fn guard(msgs: &mut Vec<String>, force: bool, msg: String) -> Result<()> {
 }
 
 pub fn calibrate(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &Options, pb: &indicatif::ProgressBar) -> Result<Stats> {
+    calibrate_with(ck, tok, dataset, o, pb, RangeObserver::default())
+}
+
+/// [`calibrate`] with a caller-made observer (e.g. one that also captures some tensors' values).
+pub fn calibrate_with(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &Options, pb: &indicatif::ProgressBar, obs: RangeObserver) -> Result<Stats> {
     let mut recs = load_dataset(dataset)?;
     if let Some(n) = o.limit {
         recs.truncate(n);
@@ -170,7 +181,7 @@ pub fn calibrate(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &Optio
     let g = build(cfg, o.variant, &o.graph);
     let graph_sha = g.content_hash();
     let skip: HashSet<String> = g.initializers.iter().map(|i| i.name.clone()).collect();
-    let obs = RangeObserver { skip: Arc::new(skip), ranges: Default::default() };
+    let obs = RangeObserver { skip: Arc::new(skip), ..obs };
     let decode_variant = if o.variant == Variant::Trunk { Variant::DecodeWgqa } else { o.variant };
     let decode = Interpreter::new(build(cfg, decode_variant, &o.graph), ck.clone())?;
     let trunk = if o.variant == Variant::Trunk { Some(Interpreter::new(g, ck.clone())?.sharing_weights_with(&decode)) } else { None };
