@@ -136,6 +136,22 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// The main job end to end on a model (default: the bundled tiny Gemma-4): inspect, generate, calibrate
+    /// decode_wgqa on chat-formatted decode loops, A16W8 (+ int8-KV) encodings, quantsim verify on held-out.
+    Pipeline {
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long, default_value = "out/pipeline")]
+        out: PathBuf,
+        /// Calibration prompts used (of datasets/calibration.jsonl).
+        #[arg(long, default_value_t = 64)]
+        calib_limit: usize,
+        /// Held-out prompts verified.
+        #[arg(long, default_value_t = 24)]
+        verify_limit: usize,
+        #[arg(long, default_value_t = 512)]
+        context: usize,
+    },
     /// Write a random-weight bf16 checkpoint with the real names and shapes of a config (streamed).
     Synth {
         /// A Gemma-4 config.json (e.g. ../shared/docs/e2b-config-inferred.json).
@@ -427,6 +443,27 @@ fn verify(model: Option<PathBuf>, encodings: PathBuf, stats: Option<PathBuf>, da
     Ok(())
 }
 
+fn pipeline(model: Option<PathBuf>, out: PathBuf, calib_limit: usize, verify_limit: usize, context: usize) -> Result<()> {
+    std::fs::create_dir_all(&out)?;
+    let (st, enc, enc8) = (out.join("stats.decode_wgqa.json"), out.join("decode_wgqa.encodings.json"), out.join("decode_wgqa_int8kv.encodings.json"));
+    eprintln!("== inspect");
+    inspect(model.clone(), false, false)?;
+    eprintln!("== run (cpu reference, then the decode_wgqa graph)");
+    run(model.clone(), "What is the capital of France?".into(), None, 16, BackendKind::Cpu, context, 128, false)?;
+    run(model.clone(), "What is the capital of France?".into(), None, 16, BackendKind::Graph, context, 128, false)?;
+    eprintln!("== calibrate ({calib_limit} chat-formatted prompts, 8 decode tokens each)");
+    calibrate(model.clone(), "datasets/calibration.jsonl".into(), VariantArg::DecodeWgqa, 8, Some(calib_limit), context, 128, false, false, st.clone())?;
+    eprintln!("== quantize (A16W8, and A16W8 + int8 KV)");
+    quantize(model.clone(), st.clone(), "a16w8".into(), false, None, false, enc.clone())?;
+    quantize(model.clone(), st.clone(), "a16w8".into(), true, None, false, enc8.clone())?;
+    eprintln!("== verify A16W8 ({verify_limit} held-out prompts)");
+    verify(model.clone(), enc, Some(st.clone()), "datasets/heldout.jsonl".into(), Some(verify_limit), 8, false)?;
+    eprintln!("== verify A16W8 + int8 KV");
+    verify(model, enc8, Some(st), "datasets/heldout.jsonl".into(), Some(verify_limit), 8, false)?;
+    eprintln!("artifacts in {}", out.display());
+    Ok(())
+}
+
 fn synth(config: PathBuf, out: PathBuf, seed: u64, shard_bytes: u64, force: bool, as_json: bool) -> Result<()> {
     let cfg = hexq_model::ModelConfig::from_file(&config)?;
     let total: u64 = hexq_model::names::expected_tensors(&cfg).iter().map(|t| t.numel() as u64 * 2).sum();
@@ -450,6 +487,7 @@ fn main() {
         Cmd::Inspect { model, tensors, json } => inspect(model, tensors, json),
         Cmd::Run { model, prompt, system, max_tokens, backend, context, seq, json } => run(model, prompt, system, max_tokens, backend, context, seq, json),
         Cmd::Graph { model, variant, context, seq, io_contract, json } => graph(model, variant, context, seq, io_contract, json),
+        Cmd::Pipeline { model, out, calib_limit, verify_limit, context } => pipeline(model, out, calib_limit, verify_limit, context),
         Cmd::Calibrate { model, dataset, variant, decode_tokens, limit, context, seq, noise, force, out } => calibrate(model, dataset, variant, decode_tokens, limit, context, seq, noise, force, out),
         Cmd::Quantize { model, stats, scheme, int8_kv, overrides, force, out } => quantize(model, stats, scheme, int8_kv, overrides, force, out),
         Cmd::Verify { model, encodings, stats, dataset, limit, steps, json } => verify(model, encodings, stats, dataset, limit, steps, json),
