@@ -152,6 +152,22 @@ enum Cmd {
         #[arg(long, default_value_t = 512)]
         context: usize,
     },
+    /// Write a graph as ONNX (opset 21) with weights as external data (float; encodings/QDQ: later).
+    Export {
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = VariantArg::DecodeWgqa)]
+        variant: VariantArg,
+        #[arg(long, default_value_t = 4096)]
+        context: usize,
+        #[arg(long, default_value_t = 128)]
+        seq: usize,
+        #[arg(long)]
+        out: PathBuf,
+        /// Replace an existing output directory.
+        #[arg(long)]
+        force: bool,
+    },
     /// Write a random-weight bf16 checkpoint with the real names and shapes of a config (streamed).
     Synth {
         /// A Gemma-4 config.json (e.g. ../shared/docs/e2b-config-inferred.json).
@@ -464,6 +480,19 @@ fn pipeline(model: Option<PathBuf>, out: PathBuf, calib_limit: usize, verify_lim
     Ok(())
 }
 
+fn export(model: Option<PathBuf>, variant: VariantArg, context: usize, seq: usize, out: PathBuf, force: bool) -> Result<()> {
+    let dir = model_dir(model)?;
+    let ck = Checkpoint::open(&dir)?;
+    let g = hexq_model::graph::build(&ck.config, variant.v(), &hexq_model::graph::GraphOptions { context, seq });
+    g.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let staging = hexq_model::fsutil::AtomicDir::create(&out, force)?;
+    let t0 = std::time::Instant::now();
+    let files = hexq_export::onnx::write_onnx(&ck, &g, &staging.tmp, &hexq_export::onnx::ExportOptions { f16_weights: false })?;
+    let dest = staging.commit()?;
+    eprintln!("{}: {} ({:.1}s)", dest.display(), files.join(", "), t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
 fn synth(config: PathBuf, out: PathBuf, seed: u64, shard_bytes: u64, force: bool, as_json: bool) -> Result<()> {
     let cfg = hexq_model::ModelConfig::from_file(&config)?;
     let total: u64 = hexq_model::names::expected_tensors(&cfg).iter().map(|t| t.numel() as u64 * 2).sum();
@@ -488,6 +517,7 @@ fn main() {
         Cmd::Run { model, prompt, system, max_tokens, backend, context, seq, json } => run(model, prompt, system, max_tokens, backend, context, seq, json),
         Cmd::Graph { model, variant, context, seq, io_contract, json } => graph(model, variant, context, seq, io_contract, json),
         Cmd::Pipeline { model, out, calib_limit, verify_limit, context } => pipeline(model, out, calib_limit, verify_limit, context),
+        Cmd::Export { model, variant, context, seq, out, force } => export(model, variant, context, seq, out, force),
         Cmd::Calibrate { model, dataset, variant, decode_tokens, limit, context, seq, noise, force, out } => calibrate(model, dataset, variant, decode_tokens, limit, context, seq, noise, force, out),
         Cmd::Quantize { model, stats, scheme, int8_kv, overrides, force, out } => quantize(model, stats, scheme, int8_kv, overrides, force, out),
         Cmd::Verify { model, encodings, stats, dataset, limit, steps, json } => verify(model, encodings, stats, dataset, limit, steps, json),

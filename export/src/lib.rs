@@ -1,1 +1,5 @@
-//! Exporters: ONNX graphs with vocab tensors split off to host files, encodings JSON, GGUF. Filled by issues 6 and 7.
+//! hexq-export: ONNX graphs from the graph IR with weights as external data (the vocab-sized tensors never
+//! enter a graph; they stay host-side). GGUF and host-tensor files are later issues.
+
+pub mod onnx;
+pub mod onnx_proto;
