@@ -92,6 +92,13 @@ enum Cmd {
         /// Feed N(0,1) noise instead of token embeddings (the documented failure mode; refused unless --force).
         #[arg(long)]
         noise: bool,
+        /// Weights during calibration: `int8` = fake-quantized int8 per channel (AIMET's sequence: activation
+        /// ranges observed in the param-quantized model), `float` = the float weights.
+        #[arg(long, default_value = "int8")]
+        params: String,
+        /// Param overrides (e.g. W4 MLP) applied to the weights during calibration, as `quantize` will.
+        #[arg(long)]
+        overrides: Option<PathBuf>,
         /// Turn the guards' refusals into warnings.
         #[arg(long)]
         force: bool,
@@ -375,13 +382,26 @@ fn count_progress(msg: &str) -> indicatif::ProgressBar {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn calibrate(model: Option<PathBuf>, dataset: PathBuf, variant: VariantArg, decode_tokens: usize, limit: Option<usize>, context: usize, seq: usize, noise: bool, force: bool, out: PathBuf) -> Result<()> {
+fn calibrate(model: Option<PathBuf>, dataset: PathBuf, variant: VariantArg, decode_tokens: usize, limit: Option<usize>, context: usize, seq: usize, noise: bool, params: String, overrides: Option<PathBuf>, force: bool, out: PathBuf) -> Result<()> {
     let dir = model_dir(model)?;
     let ck = Arc::new(Checkpoint::open(&dir)?);
     let tok = Tokenizer::from_dir(&dir)?;
     let o = hexq_calibrate::Options { variant: variant.v(), graph: hexq_model::graph::GraphOptions { context, seq }, decode_tokens, limit, force, noise };
+    let (hook, mode): (Option<Box<dyn hexq_model::graph::interp::Hook + Send>>, String) = match params.as_str() {
+        "float" => (None, "float".into()),
+        "int8" => {
+            let ov = match &overrides {
+                Some(p) => hexq_quantize::Overrides::from_file(p)?,
+                None => Default::default(),
+            };
+            let g = hexq_model::graph::build(&ck.config, variant.v(), &o.graph);
+            let pe = hexq_quantize::param_encodings(&ck, &g, &hexq_quantize::Scheme::a16w8(false), &ov)?;
+            (Some(Box::new(hexq_quantize::quantsim::FakeQuant::from_params(&pe))), if overrides.is_some() { "int8_per_channel+overrides".into() } else { "int8_per_channel".into() })
+        }
+        other => anyhow::bail!("--params {other:?}: expected int8 or float"),
+    };
     let pb = count_progress("calibrate");
-    let st = hexq_calibrate::calibrate(ck, &tok, &dataset, &o, &pb)?;
+    let st = hexq_calibrate::calibrate_with(ck, &tok, &dataset, &o, &pb, Default::default(), hook, mode)?;
     pb.finish_and_clear();
     write_json(&out, &st)?;
     eprintln!("{}: {} tensors from {} prompts ({} tokens observed, variant {})", out.display(), st.tensors.len(), st.prompts, st.tokens_observed, st.variant);
@@ -468,7 +488,7 @@ fn pipeline(model: Option<PathBuf>, out: PathBuf, calib_limit: usize, verify_lim
     run(model.clone(), "What is the capital of France?".into(), None, 16, BackendKind::Cpu, context, 128, false)?;
     run(model.clone(), "What is the capital of France?".into(), None, 16, BackendKind::Graph, context, 128, false)?;
     eprintln!("== calibrate ({calib_limit} chat-formatted prompts, 8 decode tokens each)");
-    calibrate(model.clone(), "datasets/calibration.jsonl".into(), VariantArg::DecodeWgqa, 8, Some(calib_limit), context, 128, false, false, st.clone())?;
+    calibrate(model.clone(), "datasets/calibration.jsonl".into(), VariantArg::DecodeWgqa, 8, Some(calib_limit), context, 128, false, "int8".into(), None, false, st.clone())?;
     eprintln!("== quantize (A16W8, and A16W8 + int8 KV)");
     quantize(model.clone(), st.clone(), "a16w8".into(), false, None, false, enc.clone())?;
     quantize(model.clone(), st.clone(), "a16w8".into(), true, None, false, enc8.clone())?;
@@ -518,7 +538,7 @@ fn main() {
         Cmd::Graph { model, variant, context, seq, io_contract, json } => graph(model, variant, context, seq, io_contract, json),
         Cmd::Pipeline { model, out, calib_limit, verify_limit, context } => pipeline(model, out, calib_limit, verify_limit, context),
         Cmd::Export { model, variant, context, seq, out, force } => export(model, variant, context, seq, out, force),
-        Cmd::Calibrate { model, dataset, variant, decode_tokens, limit, context, seq, noise, force, out } => calibrate(model, dataset, variant, decode_tokens, limit, context, seq, noise, force, out),
+        Cmd::Calibrate { model, dataset, variant, decode_tokens, limit, context, seq, noise, params, overrides, force, out } => calibrate(model, dataset, variant, decode_tokens, limit, context, seq, noise, params, overrides, force, out),
         Cmd::Quantize { model, stats, scheme, int8_kv, overrides, force, out } => quantize(model, stats, scheme, int8_kv, overrides, force, out),
         Cmd::Verify { model, encodings, stats, dataset, limit, steps, json } => verify(model, encodings, stats, dataset, limit, steps, json),
         Cmd::Synth { config, out, seed, shard_bytes, force, json } => synth(config, out, seed, shard_bytes, force, json),

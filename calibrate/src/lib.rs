@@ -84,6 +84,9 @@ pub struct Stats {
     /// Which of [`TEMPLATE_IDS`] appeared in the calibration inputs.
     pub template_ids_seen: Vec<u32>,
     pub tokens_observed: u64,
+    /// "float" or the weight scheme the ranges were observed under (e.g. "int8_per_channel").
+    #[serde(default)]
+    pub params: String,
     pub tensors: BTreeMap<String, Range>,
 }
 
@@ -120,6 +123,20 @@ impl Hook for RangeObserver {
     }
 }
 
+/// Runs `first` (which may replace a tensor, e.g. fake-quantize a weight) and observes the result.
+struct Chain {
+    first: Option<Box<dyn Hook + Send>>,
+    obs: RangeObserver,
+}
+
+impl Hook for Chain {
+    fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
+        let r = self.first.as_mut().and_then(|f| f.tensor(name, t));
+        self.obs.tensor(name, r.as_ref().unwrap_or(t));
+        r
+    }
+}
+
 pub struct Options {
     pub variant: Variant,
     pub graph: GraphOptions,
@@ -131,6 +148,10 @@ pub struct Options {
     /// Replace the embeddings by N(0,1) noise (to demonstrate the failure mode; refused unless forced).
     pub noise: bool,
 }
+
+/// What the weights were during calibration: "float", or the param scheme they were fake-quantized with
+/// (AIMET's sequence: param encodings first, activation ranges observed in the param-quantized model).
+pub type ParamMode = String;
 
 pub fn sha256_files(paths: &[&Path]) -> Result<String> {
     use sha2::{Digest, Sha256};
@@ -161,11 +182,13 @@ fn guard(msgs: &mut Vec<String>, force: bool, msg: String) -> Result<()> {
 }
 
 pub fn calibrate(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &Options, pb: &indicatif::ProgressBar) -> Result<Stats> {
-    calibrate_with(ck, tok, dataset, o, pb, RangeObserver::default())
+    calibrate_with(ck, tok, dataset, o, pb, RangeObserver::default(), None, "float".into())
 }
 
 /// [`calibrate`] with a caller-made observer (e.g. one that also captures some tensors' values).
-pub fn calibrate_with(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &Options, pb: &indicatif::ProgressBar, obs: RangeObserver) -> Result<Stats> {
+/// `params`: a hook that fake-quantizes the weights as they load (None = float weights), named by `mode`.
+#[allow(clippy::too_many_arguments)]
+pub fn calibrate_with(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &Options, pb: &indicatif::ProgressBar, obs: RangeObserver, params: Option<Box<dyn Hook + Send>>, mode: ParamMode) -> Result<Stats> {
     let mut recs = load_dataset(dataset)?;
     if let Some(n) = o.limit {
         recs.truncate(n);
@@ -186,7 +209,7 @@ pub fn calibrate_with(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &
     let decode = Interpreter::new(build(cfg, decode_variant, &o.graph), ck.clone())?;
     let trunk = if o.variant == Variant::Trunk { Some(Interpreter::new(g, ck.clone())?.sharing_weights_with(&decode)) } else { None };
     let mut b = GraphBackend::new(Host::load(ck.clone())?, decode, trunk, o.graph.context)?;
-    b.hook = Some(Box::new(obs.clone()));
+    b.hook = Some(Box::new(Chain { first: params, obs: obs.clone() }));
     pb.set_length(recs.len() as u64);
     let mut seen = HashSet::new();
     let mut tokens = 0u64;
@@ -250,6 +273,7 @@ pub fn calibrate_with(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &
         chat_formatted: raw == 0 && !o.noise,
         template_ids_seen: if o.noise { vec![] } else { seen },
         tokens_observed: tokens,
+        params: mode,
         tensors,
     })
 }

@@ -190,32 +190,10 @@ pub fn check_stats(stats: &Stats) -> Vec<String> {
     w
 }
 
-/// Compute encodings for `graph` from calibration `stats` and the checkpoint's weights.
-pub fn encode(ck: &Checkpoint, graph: &Graph, stats: &Stats, scheme: &Scheme, ov: &Overrides) -> Result<Encodings> {
-    if stats.graph_sha256 != graph.content_hash() {
-        return Err(Error::Msg(format!(
-            "stats were calibrated on graph {} (variant {}), not on this {} graph: re-run hexq calibrate",
-            &stats.graph_sha256[..12], stats.variant, graph.name)));
-    }
-    let mut enc = Encodings { version: "0.6.1".into(), ..Default::default() };
-    let is_kv = |n: &str| n.starts_with("past_key_") || n.starts_with("past_value_") || n.starts_with("present_key_") || n.starts_with("present_value_");
-    // Activations: graph inputs and float node outputs.
-    let mut names: Vec<&str> = graph.inputs.iter().map(|v| v.name.as_str()).collect();
-    names.extend(graph.nodes.iter().map(|n| n.outputs[0].as_str()));
-    for n in names {
-        let ty = &graph.types[n];
-        if !ty.dtype.is_float() {
-            continue;
-        }
-        let r = stats.tensors.get(n).ok_or_else(|| Error::Msg(format!("stats have no range for graph tensor {n:?}")))?;
-        let mut bw = if scheme.int8_kv && is_kv(n) { 8 } else { scheme.act_bw };
-        let mut sym = false;
-        if let Some(rule) = ov.find(Kind::Activation, n) {
-            bw = rule.bitwidth;
-            sym = rule.symmetric.unwrap_or(false);
-        }
-        enc.activation_encodings.insert(n.into(), vec![Encoding::compute(bw, r.min as f64, r.max as f64, sym)]);
-    }
+/// Param encodings only (they need no calibration): MatMul weights per output channel, symmetric; other
+/// float constants per tensor, asymmetric.
+pub fn param_encodings(ck: &Checkpoint, graph: &Graph, scheme: &Scheme, ov: &Overrides) -> Result<BTreeMap<String, Vec<Encoding>>> {
+    let mut out = BTreeMap::new();
     // Params: MatMul weights per output channel (symmetric), other float constants per tensor (asymmetric).
     let matmul_weights: std::collections::HashSet<&str> = graph
         .nodes
@@ -258,8 +236,38 @@ pub fn encode(ck: &Checkpoint, graph: &Graph, stats: &Stats, scheme: &Scheme, ov
         .collect();
     for c in computed {
         let (n, e) = c?;
-        enc.param_encodings.insert(n, e);
+        out.insert(n, e);
     }
+    Ok(out)
+}
+
+/// Compute encodings for `graph` from calibration `stats` and the checkpoint's weights.
+pub fn encode(ck: &Checkpoint, graph: &Graph, stats: &Stats, scheme: &Scheme, ov: &Overrides) -> Result<Encodings> {
+    if stats.graph_sha256 != graph.content_hash() {
+        return Err(Error::Msg(format!(
+            "stats were calibrated on graph {} (variant {}), not on this {} graph: re-run hexq calibrate",
+            &stats.graph_sha256[..12], stats.variant, graph.name)));
+    }
+    let mut enc = Encodings { version: "0.6.1".into(), ..Default::default() };
+    let is_kv = |n: &str| n.starts_with("past_key_") || n.starts_with("past_value_") || n.starts_with("present_key_") || n.starts_with("present_value_");
+    // Activations: graph inputs and float node outputs.
+    let mut names: Vec<&str> = graph.inputs.iter().map(|v| v.name.as_str()).collect();
+    names.extend(graph.nodes.iter().map(|n| n.outputs[0].as_str()));
+    for n in names {
+        let ty = &graph.types[n];
+        if !ty.dtype.is_float() {
+            continue;
+        }
+        let r = stats.tensors.get(n).ok_or_else(|| Error::Msg(format!("stats have no range for graph tensor {n:?}")))?;
+        let mut bw = if scheme.int8_kv && is_kv(n) { 8 } else { scheme.act_bw };
+        let mut sym = false;
+        if let Some(rule) = ov.find(Kind::Activation, n) {
+            bw = rule.bitwidth;
+            sym = rule.symmetric.unwrap_or(false);
+        }
+        enc.activation_encodings.insert(n.into(), vec![Encoding::compute(bw, r.min as f64, r.max as f64, sym)]);
+    }
+    enc.param_encodings = param_encodings(ck, graph, scheme, ov)?;
     enc.hexq = serde_json::json!({
         "scheme": format!("a{}w{}{}", scheme.act_bw, scheme.weight_bw, if scheme.int8_kv { "_int8kv" } else { "" }),
         "graph": graph.name, "graph_sha256": stats.graph_sha256, "model_sha256": stats.model_sha256,

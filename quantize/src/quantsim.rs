@@ -22,6 +22,13 @@ impl FakeQuant {
     }
 }
 
+impl FakeQuant {
+    /// Only these (param) encodings: the weights as AIMET's calibration sees them.
+    pub fn from_params(p: &std::collections::BTreeMap<String, Vec<crate::Encoding>>) -> Self {
+        FakeQuant { enc: Arc::new(p.iter().map(|(k, v)| (k.clone(), v.clone())).collect()) }
+    }
+}
+
 impl Hook for FakeQuant {
     fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
         let e = self.enc.get(name)?;
