@@ -6,8 +6,9 @@
 //! - range widened to include 0: `min = min(min, 0)`, `max = max(max, 0)`, and `max >= min + 0.01`;
 //! - asymmetric (activations, int16): `scale = (max - min) / (2^bw - 1)`, `offset = -round(-min / scale)`
 //!   clamped to [-(2^bw-1), 0], then `min = offset·scale`, `max = min + (max_orig - min_orig)`;
-//! - symmetric (weights, int8 per output channel): `absmax = max(|min|, |max|)`,
-//!   `scale = absmax / floor((2^bw-1)/2)` (= absmax/127), `offset = -ceil((2^bw-1)/2)` (= -128),
+//! - symmetric (weights, int8 per output channel): `offset = -ceil((2^bw-1)/2)` (= -128),
+//!   `scale = max(max / 127, -min / 128)` — aimet-onnx 2.42's rule, checked against it channel by channel
+//!   (libpymo's older `absmax / 127` differs by 128/127 where the largest magnitude is negative);
 //!   `min = offset·scale`, `max = 127·scale`;
 //! - quantize `q = clamp(round(x/scale) - offset, 0, 2^bw-1)`, dequantize `(q + offset)·scale` (QNN's
 //!   convention: real = scale·(q + offset), offset ≤ 0).
@@ -54,10 +55,13 @@ impl Encoding {
         let new_max = max.max(0.0).max(new_min + MIN_RANGE);
         let steps = 2f64.powi(bw as i32) - 1.0;
         if symmetric {
-            let absmax = new_max.abs().max(new_min.abs());
+            // aimet-onnx 2.x: the grid [-128, 127]·scale must cover both ends, so the negative side gets its
+            // 128 steps: scale = max(-min/128, max/127) (libpymo's older absmax/127 differs by 128/127 on
+            // channels whose largest magnitude is negative — measured against aimet-onnx 2.42).
             let pos = (steps / 2.0).floor();
-            let scale = absmax / pos;
-            let offset = -(steps / 2.0).ceil();
+            let neg = (steps / 2.0).ceil();
+            let scale = (new_max / pos).max(-new_min / neg);
+            let offset = -neg;
             Encoding { bitwidth: bw, dtype: "int".into(), is_symmetric: true, min: offset * scale, max: scale * pos, offset: offset as i64, scale }
         } else {
             let scale = (new_max - new_min) / steps;
@@ -319,6 +323,10 @@ mod tests {
         assert!((e.fake(-2.54) + 2.54).abs() < 1e-6);
         assert!((e.fake(100.0) - 2.54).abs() < 1e-6, "clamps at 127·scale");
         assert!((e.fake(0.011) - 0.02).abs() < 1e-6, "rounds to nearest step");
+        // Negative-dominant channel: the -128 end covers it: scale = 2.56/128 = 0.02, not 2.56/127.
+        let e = Encoding::compute(8, -2.56, 1.0, true);
+        assert!((e.scale - 0.02).abs() < 1e-12);
+        assert!((e.fake(-2.56) + 2.56).abs() < 1e-6);
         // 4-bit symmetric (W4 override): 7 positive steps, offset -8.
         let e = Encoding::compute(4, -0.7, 0.7, true);
         assert!((e.scale - 0.1).abs() < 1e-12);

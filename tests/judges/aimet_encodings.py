@@ -39,7 +39,12 @@ def main(cases_path, out_path):
         enc = json.loads((Path(d) / "judge.encodings").read_text())
         by = {e["name"]: e for e in enc["activation_encodings"] + enc["param_encodings"]}
         pick = lambda e: {"scale": e["scale"], "offset": e["offset"], "bw": e["bw"], "is_sym": e["is_sym"]}
-        out[c["y_name"]] = {"x": pick(by["x"]), "y": pick(by["y"]), "w": pick(by["W"])}
+        ws = np.asarray(by["W"]["scale"], dtype=np.float64)
+        qw = np.clip(np.round(w.T.astype(np.float64) / ws), -128, 127) * ws
+        yf, yq = x.astype(np.float64) @ w.T.astype(np.float64), x.astype(np.float64) @ qw
+        out[c["y_name"]] = {"x": pick(by["x"]), "y": pick(by["y"]), "w": pick(by["W"]),
+                            "numpy": {"x": [float(x.min()), float(x.max())], "y_float": [float(yf.min()), float(yf.max())],
+                                      "y_qw": [float(yq.min()), float(yq.max())], "rows": int(len(x))}}
     Path(out_path).write_text(json.dumps(out, indent=1))
 
 
