@@ -7,12 +7,30 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 const FILES: &[(&str, &[u8])] = &[
-    ("config.json", include_bytes!("../tests/fixtures/tiny-gemma4/config.json")),
-    ("model.safetensors", include_bytes!("../tests/fixtures/tiny-gemma4/model.safetensors")),
-    ("tokenizer.json", include_bytes!("../tests/fixtures/tiny-gemma4/tokenizer.json")),
-    ("tokenizer_config.json", include_bytes!("../tests/fixtures/tiny-gemma4/tokenizer_config.json")),
-    ("chat_template.jinja", include_bytes!("../tests/fixtures/tiny-gemma4/chat_template.jinja")),
-    ("generation_config.json", include_bytes!("../tests/fixtures/tiny-gemma4/generation_config.json")),
+    (
+        "config.json",
+        include_bytes!("../tests/fixtures/tiny-gemma4/config.json"),
+    ),
+    (
+        "model.safetensors",
+        include_bytes!("../tests/fixtures/tiny-gemma4/model.safetensors"),
+    ),
+    (
+        "tokenizer.json",
+        include_bytes!("../tests/fixtures/tiny-gemma4/tokenizer.json"),
+    ),
+    (
+        "tokenizer_config.json",
+        include_bytes!("../tests/fixtures/tiny-gemma4/tokenizer_config.json"),
+    ),
+    (
+        "chat_template.jinja",
+        include_bytes!("../tests/fixtures/tiny-gemma4/chat_template.jinja"),
+    ),
+    (
+        "generation_config.json",
+        include_bytes!("../tests/fixtures/tiny-gemma4/generation_config.json"),
+    ),
 ];
 
 pub fn tiny_gemma4_dir() -> Result<PathBuf> {
@@ -33,7 +51,8 @@ pub fn tiny_gemma4_dir() -> Result<PathBuf> {
     }
     let staging = hexq_model::fsutil::AtomicDir::create(&dir, true)?;
     for (n, b) in FILES {
-        std::fs::write(staging.path(n), b).with_context(|| format!("writing bundled model to {}", staging.tmp.display()))?;
+        std::fs::write(staging.path(n), b)
+            .with_context(|| format!("writing bundled model to {}", staging.tmp.display()))?;
     }
     Ok(staging.commit()?)
 }

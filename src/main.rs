@@ -12,7 +12,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(Parser)]
-#[command(name = "hexq", version, about = "Gemma-4 → Qualcomm Hexagon NPU: load, calibrate, quantize, export, compile, run, verify")]
+#[command(
+    name = "hexq",
+    version,
+    about = "Gemma-4 → Qualcomm Hexagon NPU: load, calibrate, quantize, export, compile, run, verify"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -230,9 +234,11 @@ fn model_dir(m: Option<PathBuf>) -> Result<PathBuf> {
 fn progress(len: u64, msg: &str) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(len);
     pb.set_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .unwrap()
-            .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
     );
     pb.set_message(msg.to_string());
     pb
@@ -243,11 +249,16 @@ fn inspect(model: Option<PathBuf>, tensors: bool, as_json: bool) -> Result<()> {
     let ck = Checkpoint::open(&dir)?;
     let c = &ck.config;
     let pc = param_counts(c);
-    let dtypes: std::collections::BTreeMap<&str, usize> = ck.tensors.iter().fold(Default::default(), |mut m, (_, i)| {
-        *m.entry(i.dtype.name()).or_default() += 1;
-        m
-    });
-    let bytes: u64 = ck.tensors.iter().map(|(_, i)| (i.end - i.start) as u64).sum();
+    let dtypes: std::collections::BTreeMap<&str, usize> =
+        ck.tensors.iter().fold(Default::default(), |mut m, (_, i)| {
+            *m.entry(i.dtype.name()).or_default() += 1;
+            m
+        });
+    let bytes: u64 = ck
+        .tensors
+        .iter()
+        .map(|(_, i)| (i.end - i.start) as u64)
+        .sum();
     if as_json {
         let t: Vec<_> = ck
             .tensors
@@ -264,13 +275,35 @@ fn inspect(model: Option<PathBuf>, tensors: bool, as_json: bool) -> Result<()> {
         return Ok(());
     }
     println!("{}", dir.display());
-    println!("  layout           {:?} (tensors under {:?})", c.layout, c.prefix);
-    println!("  hidden {} | layers {} | q heads {} | vocab {} | eps {}", c.hidden_size, c.num_layers, c.num_heads, c.vocab_size, c.rms_norm_eps);
-    println!("  sliding window {} | softcap {:?} | tied head {} | PLE dim {} (vocab {})", c.sliding_window, c.final_logit_softcapping, c.tie_word_embeddings, c.ple_dim, c.ple_vocab);
+    println!(
+        "  layout           {:?} (tensors under {:?})",
+        c.layout, c.prefix
+    );
+    println!(
+        "  hidden {} | layers {} | q heads {} | vocab {} | eps {}",
+        c.hidden_size, c.num_layers, c.num_heads, c.vocab_size, c.rms_norm_eps
+    );
+    println!(
+        "  sliding window {} | softcap {:?} | tied head {} | PLE dim {} (vocab {})",
+        c.sliding_window, c.final_logit_softcapping, c.tie_word_embeddings, c.ple_dim, c.ple_vocab
+    );
     for (k, r) in &c.rope {
-        println!("  rope {k:<18} {} theta {} head_dim {} rotated {}/{} freqs", r.rope_type, r.theta, r.head_dim, r.rotated, r.head_dim / 2);
+        println!(
+            "  rope {k:<18} {} theta {} head_dim {} rotated {}/{} freqs",
+            r.rope_type,
+            r.theta,
+            r.head_dim,
+            r.rotated,
+            r.head_dim / 2
+        );
     }
-    println!("  KV-shared layers {}; files {}; dtypes {:?}; {:.2} GiB", c.num_kv_shared_layers, ck.store.files.len(), dtypes, bytes as f64 / (1u64 << 30) as f64);
+    println!(
+        "  KV-shared layers {}; files {}; dtypes {:?}; {:.2} GiB",
+        c.num_kv_shared_layers,
+        ck.store.files.len(),
+        dtypes,
+        bytes as f64 / (1u64 << 30) as f64
+    );
     println!("  layer  type     head_dim kv_heads  kv            mlp");
     for l in &c.layers {
         let kv = match l.kv_mode {
@@ -278,11 +311,24 @@ fn inspect(model: Option<PathBuf>, tensors: bool, as_json: bool) -> Result<()> {
             hexq_model::KvMode::Store => "store".to_string(),
             hexq_model::KvMode::Reuse => format!("reuse L{}", l.kv_source),
         };
-        let kind = if l.kind == hexq_model::AttnKind::Sliding { "sliding" } else { "full" };
-        println!("  {:>5}  {:<8} {:>8} {:>8}  {:<13} {}", l.index, kind, l.head_dim, l.num_kv_heads, kv, l.mlp_width);
+        let kind = if l.kind == hexq_model::AttnKind::Sliding {
+            "sliding"
+        } else {
+            "full"
+        };
+        println!(
+            "  {:>5}  {:<8} {:>8} {:>8}  {:<13} {}",
+            l.index, kind, l.head_dim, l.num_kv_heads, kv, l.mlp_width
+        );
     }
     let g = |n: usize| format!("{n} ({:.3} B)", n as f64 / 1e9);
-    println!("  parameters: decoder {} | token embedding {} | per-layer embedding {} | total {}", g(pc.decoder), g(pc.token_embedding), g(pc.per_layer_embedding), g(pc.total));
+    println!(
+        "  parameters: decoder {} | token embedding {} | per-layer embedding {} | total {}",
+        g(pc.decoder),
+        g(pc.token_embedding),
+        g(pc.per_layer_embedding),
+        g(pc.total)
+    );
     if tensors {
         for (s, i) in &ck.tensors {
             let host = if s.role.is_vocab() { " (host)" } else { "" };
@@ -293,7 +339,16 @@ fn inspect(model: Option<PathBuf>, tensors: bool, as_json: bool) -> Result<()> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run(model: Option<PathBuf>, prompt: String, system: Option<String>, max_tokens: usize, backend: BackendKind, context: usize, seq: usize, as_json: bool) -> Result<()> {
+fn run(
+    model: Option<PathBuf>,
+    prompt: String,
+    system: Option<String>,
+    max_tokens: usize,
+    backend: BackendKind,
+    context: usize,
+    seq: usize,
+    as_json: bool,
+) -> Result<()> {
     let dir = model_dir(model)?;
     let ck = Arc::new(Checkpoint::open(&dir)?);
     let tok = Tokenizer::from_dir(&dir)?;
@@ -301,15 +356,33 @@ fn run(model: Option<PathBuf>, prompt: String, system: Option<String>, max_token
         BackendKind::Cpu => Box::new(hexq_runtime::CpuBackend::new(Model::load(ck)?)),
         BackendKind::Graph => {
             use hexq_model::graph::{build, interp::Interpreter, GraphOptions, Variant};
-            let o = GraphOptions { context, seq: seq.max(1) };
+            let o = GraphOptions {
+                context,
+                seq: seq.max(1),
+            };
             let d = Interpreter::new(build(&ck.config, Variant::DecodeWgqa, &o), ck.clone())?;
-            let t = if seq > 0 { Some(Interpreter::new(build(&ck.config, Variant::Trunk, &o), ck.clone())?.sharing_weights_with(&d)) } else { None };
-            Box::new(hexq_runtime::graph::GraphBackend::new(hexq_model::forward::Host::load(ck.clone())?, d, t, context)?)
+            let t = if seq > 0 {
+                Some(
+                    Interpreter::new(build(&ck.config, Variant::Trunk, &o), ck.clone())?
+                        .sharing_weights_with(&d),
+                )
+            } else {
+                None
+            };
+            Box::new(hexq_runtime::graph::GraphBackend::new(
+                hexq_model::forward::Host::load(ck.clone())?,
+                d,
+                t,
+                context,
+            )?)
         }
     };
     let mut msgs = Vec::new();
     if let Some(s) = system {
-        msgs.push(Message { role: "system".into(), content: s });
+        msgs.push(Message {
+            role: "system".into(),
+            content: s,
+        });
     }
     msgs.push(Message::user(&prompt));
     let g = hexq_runtime::generate(b.as_mut(), &tok, &msgs, max_tokens)?;
@@ -319,16 +392,32 @@ fn run(model: Option<PathBuf>, prompt: String, system: Option<String>, max_token
         println!("{}", g.text);
         eprintln!(
             "[{}] prompt {} tokens, generated {} ({}), prefill {:.3}s, decode {:.2} tok/s",
-            g.backend, g.prompt_ids.len(), g.generated_ids.len(), g.stop_reason, g.prefill_seconds, g.decode_tokens_per_second
+            g.backend,
+            g.prompt_ids.len(),
+            g.generated_ids.len(),
+            g.stop_reason,
+            g.prefill_seconds,
+            g.decode_tokens_per_second
         );
     }
     Ok(())
 }
 
-fn graph(model: Option<PathBuf>, variant: VariantArg, context: usize, seq: usize, io_contract: bool, as_json: bool) -> Result<()> {
+fn graph(
+    model: Option<PathBuf>,
+    variant: VariantArg,
+    context: usize,
+    seq: usize,
+    io_contract: bool,
+    as_json: bool,
+) -> Result<()> {
     use hexq_model::graph::{build, report, GraphOptions};
     let p = model_dir(model)?;
-    let cfg = if p.is_file() { hexq_model::ModelConfig::from_file(&p)? } else { hexq_model::ModelConfig::from_file(&p.join("config.json"))? };
+    let cfg = if p.is_file() {
+        hexq_model::ModelConfig::from_file(&p)?
+    } else {
+        hexq_model::ModelConfig::from_file(&p.join("config.json"))?
+    };
     if context == 0 || seq == 0 {
         anyhow::bail!("--context and --seq must be positive");
     }
@@ -359,7 +448,14 @@ fn graph(model: Option<PathBuf>, variant: VariantArg, context: usize, seq: usize
     println!("Expand nodes: {}", s.expand_nodes);
     let k = &s.kv_read_per_call;
     let mb = |b: usize| b as f64 / 1e6;
-    println!("KV read per call: {} buffers, {} elements = {:.1} MB f32 / {:.1} MB int16 / {:.1} MB int8", k.buffers, k.elements, mb(k.bytes_f32), mb(k.bytes_int16), mb(k.bytes_int8));
+    println!(
+        "KV read per call: {} buffers, {} elements = {:.1} MB f32 / {:.1} MB int16 / {:.1} MB int8",
+        k.buffers,
+        k.elements,
+        mb(k.bytes_f32),
+        mb(k.bytes_int16),
+        mb(k.bytes_int8)
+    );
     Ok(())
 }
 
@@ -376,18 +472,45 @@ fn write_json<T: serde::Serialize>(p: &std::path::Path, v: &T) -> Result<()> {
 
 fn count_progress(msg: &str) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(0);
-    pb.set_style(indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} prompts, eta {eta}").unwrap().progress_chars("=> "));
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} prompts, eta {eta}")
+            .unwrap()
+            .progress_chars("=> "),
+    );
     pb.set_message(msg.to_string());
     pb
 }
 
 #[allow(clippy::too_many_arguments)]
-fn calibrate(model: Option<PathBuf>, dataset: PathBuf, variant: VariantArg, decode_tokens: usize, limit: Option<usize>, context: usize, seq: usize, noise: bool, params: String, overrides: Option<PathBuf>, force: bool, out: PathBuf) -> Result<()> {
+fn calibrate(
+    model: Option<PathBuf>,
+    dataset: PathBuf,
+    variant: VariantArg,
+    decode_tokens: usize,
+    limit: Option<usize>,
+    context: usize,
+    seq: usize,
+    noise: bool,
+    params: String,
+    overrides: Option<PathBuf>,
+    force: bool,
+    out: PathBuf,
+) -> Result<()> {
     let dir = model_dir(model)?;
     let ck = Arc::new(Checkpoint::open(&dir)?);
     let tok = Tokenizer::from_dir(&dir)?;
-    let o = hexq_calibrate::Options { variant: variant.v(), graph: hexq_model::graph::GraphOptions { context, seq }, decode_tokens, limit, force, noise };
-    let (hook, mode): (Option<Box<dyn hexq_model::graph::interp::Hook + Send>>, String) = match params.as_str() {
+    let o = hexq_calibrate::Options {
+        variant: variant.v(),
+        graph: hexq_model::graph::GraphOptions { context, seq },
+        decode_tokens,
+        limit,
+        force,
+        noise,
+    };
+    let (hook, mode): (
+        Option<Box<dyn hexq_model::graph::interp::Hook + Send>>,
+        String,
+    ) = match params.as_str() {
         "float" => (None, "float".into()),
         "int8" => {
             let ov = match &overrides {
@@ -395,20 +518,54 @@ fn calibrate(model: Option<PathBuf>, dataset: PathBuf, variant: VariantArg, deco
                 None => Default::default(),
             };
             let g = hexq_model::graph::build(&ck.config, variant.v(), &o.graph);
-            let pe = hexq_quantize::param_encodings(&ck, &g, &hexq_quantize::Scheme::a16w8(false), &ov)?;
-            (Some(Box::new(hexq_quantize::quantsim::FakeQuant::from_params(&pe))), if overrides.is_some() { "int8_per_channel+overrides".into() } else { "int8_per_channel".into() })
+            let pe =
+                hexq_quantize::param_encodings(&ck, &g, &hexq_quantize::Scheme::a16w8(false), &ov)?;
+            (
+                Some(Box::new(hexq_quantize::quantsim::FakeQuant::from_params(
+                    &pe,
+                ))),
+                if overrides.is_some() {
+                    "int8_per_channel+overrides".into()
+                } else {
+                    "int8_per_channel".into()
+                },
+            )
         }
         other => anyhow::bail!("--params {other:?}: expected int8 or float"),
     };
     let pb = count_progress("calibrate");
-    let st = hexq_calibrate::calibrate_with(ck, &tok, &dataset, &o, &pb, Default::default(), hook, mode)?;
+    let st = hexq_calibrate::calibrate_with(
+        ck,
+        &tok,
+        &dataset,
+        &o,
+        &pb,
+        Default::default(),
+        hook,
+        mode,
+    )?;
     pb.finish_and_clear();
     write_json(&out, &st)?;
-    eprintln!("{}: {} tensors from {} prompts ({} tokens observed, variant {})", out.display(), st.tensors.len(), st.prompts, st.tokens_observed, st.variant);
+    eprintln!(
+        "{}: {} tensors from {} prompts ({} tokens observed, variant {})",
+        out.display(),
+        st.tensors.len(),
+        st.prompts,
+        st.tokens_observed,
+        st.variant
+    );
     Ok(())
 }
 
-fn quantize(model: Option<PathBuf>, stats: PathBuf, scheme: String, int8_kv: bool, overrides: Option<PathBuf>, force: bool, out: PathBuf) -> Result<()> {
+fn quantize(
+    model: Option<PathBuf>,
+    stats: PathBuf,
+    scheme: String,
+    int8_kv: bool,
+    overrides: Option<PathBuf>,
+    force: bool,
+    out: PathBuf,
+) -> Result<()> {
     if scheme != "a16w8" {
         anyhow::bail!("--scheme {scheme:?}: only a16w8 is implemented");
     }
@@ -420,10 +577,23 @@ fn quantize(model: Option<PathBuf>, stats: PathBuf, scheme: String, int8_kv: boo
         eprintln!("WARNING: {}: {p}", stats.display());
     }
     if !problems.is_empty() && !force {
-        anyhow::bail!("{}: {} guard(s) failed (first: {}); refusing to quantize (pass --force to override)", stats.display(), problems.len(), problems[0]);
+        anyhow::bail!(
+            "{}: {} guard(s) failed (first: {}); refusing to quantize (pass --force to override)",
+            stats.display(),
+            problems.len(),
+            problems[0]
+        );
     }
-    let v = hexq_model::graph::Variant::parse(&st.variant).ok_or_else(|| anyhow::anyhow!("{}: unknown variant {:?}", stats.display(), st.variant))?;
-    let g = hexq_model::graph::build(&ck.config, v, &hexq_model::graph::GraphOptions { context: st.context, seq: st.seq });
+    let v = hexq_model::graph::Variant::parse(&st.variant)
+        .ok_or_else(|| anyhow::anyhow!("{}: unknown variant {:?}", stats.display(), st.variant))?;
+    let g = hexq_model::graph::build(
+        &ck.config,
+        v,
+        &hexq_model::graph::GraphOptions {
+            context: st.context,
+            seq: st.seq,
+        },
+    );
     let ov = match overrides {
         Some(p) => hexq_quantize::Overrides::from_file(&p)?,
         None => Default::default(),
@@ -433,19 +603,40 @@ fn quantize(model: Option<PathBuf>, stats: PathBuf, scheme: String, int8_kv: boo
     enc.hexq["seq"] = st.seq.into();
     enc.hexq["variant"] = st.variant.clone().into();
     write_json(&out, &enc)?;
-    eprintln!("{}: {} activation + {} param encodings ({}{})", out.display(), enc.activation_encodings.len(), enc.param_encodings.len(), scheme, if int8_kv { ", int8 KV" } else { "" });
+    eprintln!(
+        "{}: {} activation + {} param encodings ({}{})",
+        out.display(),
+        enc.activation_encodings.len(),
+        enc.param_encodings.len(),
+        scheme,
+        if int8_kv { ", int8 KV" } else { "" }
+    );
     Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
-fn verify(model: Option<PathBuf>, encodings: PathBuf, stats: Option<PathBuf>, dataset: PathBuf, limit: Option<usize>, steps: usize, as_json: bool) -> Result<()> {
+fn verify(
+    model: Option<PathBuf>,
+    encodings: PathBuf,
+    stats: Option<PathBuf>,
+    dataset: PathBuf,
+    limit: Option<usize>,
+    steps: usize,
+    as_json: bool,
+) -> Result<()> {
     let dir = model_dir(model)?;
     let ck = Arc::new(Checkpoint::open(&dir)?);
     let tok = Tokenizer::from_dir(&dir)?;
     let enc: hexq_quantize::Encodings = read_json(&encodings)?;
     let st: Option<hexq_calibrate::Stats> = stats.as_deref().map(read_json).transpose()?;
-    let v = enc.hexq["variant"].as_str().and_then(hexq_model::graph::Variant::parse).ok_or_else(|| anyhow::anyhow!("{}: no hexq.variant", encodings.display()))?;
-    let o = hexq_model::graph::GraphOptions { context: enc.hexq["context"].as_u64().unwrap_or(4096) as usize, seq: enc.hexq["seq"].as_u64().unwrap_or(128) as usize };
+    let v = enc.hexq["variant"]
+        .as_str()
+        .and_then(hexq_model::graph::Variant::parse)
+        .ok_or_else(|| anyhow::anyhow!("{}: no hexq.variant", encodings.display()))?;
+    let o = hexq_model::graph::GraphOptions {
+        context: enc.hexq["context"].as_u64().unwrap_or(4096) as usize,
+        seq: enc.hexq["seq"].as_u64().unwrap_or(128) as usize,
+    };
     let mut recs = hexq_calibrate::load_dataset(&dataset)?;
     if let Some(n) = limit {
         recs.truncate(n);
@@ -456,20 +647,58 @@ fn verify(model: Option<PathBuf>, encodings: PathBuf, stats: Option<PathBuf>, da
     if as_json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        println!("| metric ({} on {} held-out prompts) | value |\n|---|---|", r.variant, r.prompts);
-        println!("| next-token top-1 agreement (prefill) | {:.1} % |", 100.0 * r.top1_agreement);
-        println!("| hidden cosine mean / min | {:.5} / {:.5} |", r.cosine_mean, r.cosine_min);
-        println!("| KL(float ‖ quant) mean / max | {:.2e} / {:.2e} |", r.kl_mean, r.kl_max);
+        println!(
+            "| metric ({} on {} held-out prompts) | value |\n|---|---|",
+            r.variant, r.prompts
+        );
+        println!(
+            "| next-token top-1 agreement (prefill) | {:.1} % |",
+            100.0 * r.top1_agreement
+        );
+        println!(
+            "| hidden cosine mean / min | {:.5} / {:.5} |",
+            r.cosine_mean, r.cosine_min
+        );
+        println!(
+            "| KL(float ‖ quant) mean / max | {:.2e} / {:.2e} |",
+            r.kl_mean, r.kl_max
+        );
         if r.greedy_steps > 0 {
-            println!("| token-exact greedy, {} steps | {}/{} |", r.greedy_steps, r.greedy_exact, r.prompts);
-            let tr: Vec<String> = r.step_cosine_mean.iter().map(|c| format!("{c:.4}")).collect();
+            println!(
+                "| token-exact greedy, {} steps | {}/{} |",
+                r.greedy_steps, r.greedy_exact, r.prompts
+            );
+            let tr: Vec<String> = r
+                .step_cosine_mean
+                .iter()
+                .map(|c| format!("{c:.4}"))
+                .collect();
             println!("| decode cosine per step (mean) | {} |", tr.join(" → "));
         }
-        println!("| final hidden norm ratio min (quant/float) | {:.3}{} |", r.norm_ratio_min, if r.collapsed { "  COLLAPSED (< 0.1)" } else { "" });
+        println!(
+            "| final hidden norm ratio min (quant/float) | {:.3}{} |",
+            r.norm_ratio_min,
+            if r.collapsed {
+                "  COLLAPSED (< 0.1)"
+            } else {
+                ""
+            }
+        );
         if st.is_some() {
-            println!("| tensors outside calibrated range on held-out | {} |", r.coverage_outside.len());
+            println!(
+                "| tensors outside calibrated range on held-out | {} |",
+                r.coverage_outside.len()
+            );
             for c in r.coverage_outside.iter().take(5) {
-                println!("|   {} | calib [{:.4}, {:.4}] held-out [{:.4}, {:.4}] (+{:.1} % of range) |", c.tensor, c.calibrated.0, c.calibrated.1, c.heldout.0, c.heldout.1, 100.0 * c.excess);
+                println!(
+                    "|   {} | calib [{:.4}, {:.4}] held-out [{:.4}, {:.4}] (+{:.1} % of range) |",
+                    c.tensor,
+                    c.calibrated.0,
+                    c.calibrated.1,
+                    c.heldout.0,
+                    c.heldout.1,
+                    100.0 * c.excess
+                );
             }
         }
     }
@@ -479,53 +708,173 @@ fn verify(model: Option<PathBuf>, encodings: PathBuf, stats: Option<PathBuf>, da
     Ok(())
 }
 
-fn pipeline(model: Option<PathBuf>, out: PathBuf, calib_limit: usize, verify_limit: usize, context: usize) -> Result<()> {
+fn pipeline(
+    model: Option<PathBuf>,
+    out: PathBuf,
+    calib_limit: usize,
+    verify_limit: usize,
+    context: usize,
+) -> Result<()> {
     std::fs::create_dir_all(&out)?;
-    let (st, enc, enc8) = (out.join("stats.decode_wgqa.json"), out.join("decode_wgqa.encodings.json"), out.join("decode_wgqa_int8kv.encodings.json"));
+    let (st, enc, enc8) = (
+        out.join("stats.decode_wgqa.json"),
+        out.join("decode_wgqa.encodings.json"),
+        out.join("decode_wgqa_int8kv.encodings.json"),
+    );
     eprintln!("== inspect");
     inspect(model.clone(), false, false)?;
     eprintln!("== run (cpu reference, then the decode_wgqa graph)");
-    run(model.clone(), "What is the capital of France?".into(), None, 16, BackendKind::Cpu, context, 128, false)?;
-    run(model.clone(), "What is the capital of France?".into(), None, 16, BackendKind::Graph, context, 128, false)?;
+    run(
+        model.clone(),
+        "What is the capital of France?".into(),
+        None,
+        16,
+        BackendKind::Cpu,
+        context,
+        128,
+        false,
+    )?;
+    run(
+        model.clone(),
+        "What is the capital of France?".into(),
+        None,
+        16,
+        BackendKind::Graph,
+        context,
+        128,
+        false,
+    )?;
     eprintln!("== calibrate ({calib_limit} chat-formatted prompts, 8 decode tokens each)");
-    calibrate(model.clone(), "datasets/calibration.jsonl".into(), VariantArg::DecodeWgqa, 8, Some(calib_limit), context, 128, false, "int8".into(), None, false, st.clone())?;
+    calibrate(
+        model.clone(),
+        "datasets/calibration.jsonl".into(),
+        VariantArg::DecodeWgqa,
+        8,
+        Some(calib_limit),
+        context,
+        128,
+        false,
+        "int8".into(),
+        None,
+        false,
+        st.clone(),
+    )?;
     eprintln!("== quantize (A16W8, and A16W8 + int8 KV)");
-    quantize(model.clone(), st.clone(), "a16w8".into(), false, None, false, enc.clone())?;
-    quantize(model.clone(), st.clone(), "a16w8".into(), true, None, false, enc8.clone())?;
+    quantize(
+        model.clone(),
+        st.clone(),
+        "a16w8".into(),
+        false,
+        None,
+        false,
+        enc.clone(),
+    )?;
+    quantize(
+        model.clone(),
+        st.clone(),
+        "a16w8".into(),
+        true,
+        None,
+        false,
+        enc8.clone(),
+    )?;
     eprintln!("== verify A16W8 ({verify_limit} held-out prompts)");
-    verify(model.clone(), enc, Some(st.clone()), "datasets/heldout.jsonl".into(), Some(verify_limit), 8, false)?;
+    verify(
+        model.clone(),
+        enc,
+        Some(st.clone()),
+        "datasets/heldout.jsonl".into(),
+        Some(verify_limit),
+        8,
+        false,
+    )?;
     eprintln!("== verify A16W8 + int8 KV");
-    verify(model, enc8, Some(st), "datasets/heldout.jsonl".into(), Some(verify_limit), 8, false)?;
+    verify(
+        model,
+        enc8,
+        Some(st),
+        "datasets/heldout.jsonl".into(),
+        Some(verify_limit),
+        8,
+        false,
+    )?;
     eprintln!("artifacts in {}", out.display());
     Ok(())
 }
 
-fn export(model: Option<PathBuf>, variant: VariantArg, context: usize, seq: usize, out: PathBuf, force: bool) -> Result<()> {
+fn export(
+    model: Option<PathBuf>,
+    variant: VariantArg,
+    context: usize,
+    seq: usize,
+    out: PathBuf,
+    force: bool,
+) -> Result<()> {
     let dir = model_dir(model)?;
     let ck = Checkpoint::open(&dir)?;
-    let g = hexq_model::graph::build(&ck.config, variant.v(), &hexq_model::graph::GraphOptions { context, seq });
+    let g = hexq_model::graph::build(
+        &ck.config,
+        variant.v(),
+        &hexq_model::graph::GraphOptions { context, seq },
+    );
     g.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     let staging = hexq_model::fsutil::AtomicDir::create(&out, force)?;
     let t0 = std::time::Instant::now();
-    let files = hexq_export::onnx::write_onnx(&ck, &g, &staging.tmp, &hexq_export::onnx::ExportOptions { f16_weights: false })?;
+    let files = hexq_export::onnx::write_onnx(
+        &ck,
+        &g,
+        &staging.tmp,
+        &hexq_export::onnx::ExportOptions { f16_weights: false },
+    )?;
     let dest = staging.commit()?;
-    eprintln!("{}: {} ({:.1}s)", dest.display(), files.join(", "), t0.elapsed().as_secs_f64());
+    eprintln!(
+        "{}: {} ({:.1}s)",
+        dest.display(),
+        files.join(", "),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
-fn synth(config: PathBuf, out: PathBuf, seed: u64, shard_bytes: u64, force: bool, as_json: bool) -> Result<()> {
+fn synth(
+    config: PathBuf,
+    out: PathBuf,
+    seed: u64,
+    shard_bytes: u64,
+    force: bool,
+    as_json: bool,
+) -> Result<()> {
     let cfg = hexq_model::ModelConfig::from_file(&config)?;
-    let total: u64 = hexq_model::names::expected_tensors(&cfg).iter().map(|t| t.numel() as u64 * 2).sum();
+    let total: u64 = hexq_model::names::expected_tensors(&cfg)
+        .iter()
+        .map(|t| t.numel() as u64 * 2)
+        .sum();
     let pb = progress(total, "synth");
-    let opt = hexq_model::synth::SynthOptions { seed, max_shard_bytes: shard_bytes, force };
+    let opt = hexq_model::synth::SynthOptions {
+        seed,
+        max_shard_bytes: shard_bytes,
+        force,
+    };
     let t0 = std::time::Instant::now();
     let r = hexq_model::synth::synth(&config, &out, &opt, &pb)?;
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&json!({"dir": r.dir, "files": r.files, "tensors": r.tensors, "bytes": r.bytes, "seconds": secs}))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"dir": r.dir, "files": r.files, "tensors": r.tensors, "bytes": r.bytes, "seconds": secs})
+            )?
+        );
     } else {
-        println!("{}: {} tensors, {:.2} GiB bf16 in {} file(s), {:.1}s", r.dir.display(), r.tensors, r.bytes as f64 / (1u64 << 30) as f64, r.files.len(), secs);
+        println!(
+            "{}: {} tensors, {:.2} GiB bf16 in {} file(s), {:.1}s",
+            r.dir.display(),
+            r.tensors,
+            r.bytes as f64 / (1u64 << 30) as f64,
+            r.files.len(),
+            secs
+        );
     }
     Ok(())
 }
@@ -533,15 +882,99 @@ fn synth(config: PathBuf, out: PathBuf, seed: u64, shard_bytes: u64, force: bool
 fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
-        Cmd::Inspect { model, tensors, json } => inspect(model, tensors, json),
-        Cmd::Run { model, prompt, system, max_tokens, backend, context, seq, json } => run(model, prompt, system, max_tokens, backend, context, seq, json),
-        Cmd::Graph { model, variant, context, seq, io_contract, json } => graph(model, variant, context, seq, io_contract, json),
-        Cmd::Pipeline { model, out, calib_limit, verify_limit, context } => pipeline(model, out, calib_limit, verify_limit, context),
-        Cmd::Export { model, variant, context, seq, out, force } => export(model, variant, context, seq, out, force),
-        Cmd::Calibrate { model, dataset, variant, decode_tokens, limit, context, seq, noise, params, overrides, force, out } => calibrate(model, dataset, variant, decode_tokens, limit, context, seq, noise, params, overrides, force, out),
-        Cmd::Quantize { model, stats, scheme, int8_kv, overrides, force, out } => quantize(model, stats, scheme, int8_kv, overrides, force, out),
-        Cmd::Verify { model, encodings, stats, dataset, limit, steps, json } => verify(model, encodings, stats, dataset, limit, steps, json),
-        Cmd::Synth { config, out, seed, shard_bytes, force, json } => synth(config, out, seed, shard_bytes, force, json),
+        Cmd::Inspect {
+            model,
+            tensors,
+            json,
+        } => inspect(model, tensors, json),
+        Cmd::Run {
+            model,
+            prompt,
+            system,
+            max_tokens,
+            backend,
+            context,
+            seq,
+            json,
+        } => run(
+            model, prompt, system, max_tokens, backend, context, seq, json,
+        ),
+        Cmd::Graph {
+            model,
+            variant,
+            context,
+            seq,
+            io_contract,
+            json,
+        } => graph(model, variant, context, seq, io_contract, json),
+        Cmd::Pipeline {
+            model,
+            out,
+            calib_limit,
+            verify_limit,
+            context,
+        } => pipeline(model, out, calib_limit, verify_limit, context),
+        Cmd::Export {
+            model,
+            variant,
+            context,
+            seq,
+            out,
+            force,
+        } => export(model, variant, context, seq, out, force),
+        Cmd::Calibrate {
+            model,
+            dataset,
+            variant,
+            decode_tokens,
+            limit,
+            context,
+            seq,
+            noise,
+            params,
+            overrides,
+            force,
+            out,
+        } => calibrate(
+            model,
+            dataset,
+            variant,
+            decode_tokens,
+            limit,
+            context,
+            seq,
+            noise,
+            params,
+            overrides,
+            force,
+            out,
+        ),
+        Cmd::Quantize {
+            model,
+            stats,
+            scheme,
+            int8_kv,
+            overrides,
+            force,
+            out,
+        } => quantize(model, stats, scheme, int8_kv, overrides, force, out),
+        Cmd::Verify {
+            model,
+            encodings,
+            stats,
+            dataset,
+            limit,
+            steps,
+            json,
+        } => verify(model, encodings, stats, dataset, limit, steps, json),
+        Cmd::Synth {
+            config,
+            out,
+            seed,
+            shard_bytes,
+            force,
+            json,
+        } => synth(config, out, seed, shard_bytes, force, json),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

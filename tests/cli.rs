@@ -5,12 +5,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn hexq(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hexq")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_hexq"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn ok_json(args: &[&str]) -> Value {
     let o = hexq(args);
-    assert!(o.status.success(), "hexq {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "hexq {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
@@ -19,7 +26,8 @@ fn fixture() -> PathBuf {
 }
 
 fn golden() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture().join("../golden/golden.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(fixture().join("../golden/golden.json")).unwrap())
+        .unwrap()
 }
 
 #[test]
@@ -33,9 +41,23 @@ fn inspect_reports_config_counts_and_tensors() {
     assert_eq!(p["per_layer_embedding"], 4608 * 10 * 16);
     assert_eq!(
         p["total"].as_u64().unwrap(),
-        p["decoder"].as_u64().unwrap() + p["token_embedding"].as_u64().unwrap() + p["per_layer_embedding"].as_u64().unwrap()
+        p["decoder"].as_u64().unwrap()
+            + p["token_embedding"].as_u64().unwrap()
+            + p["per_layer_embedding"].as_u64().unwrap()
     );
-    let n: u64 = v["tensors"].as_array().unwrap().iter().map(|t| t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).product::<u64>()).sum();
+    let n: u64 = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            t["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap())
+                .product::<u64>()
+        })
+        .sum();
     assert_eq!(n, p["total"].as_u64().unwrap());
     // Human output too.
     let o = hexq(&["inspect", fx.to_str().unwrap()]);
@@ -47,7 +69,16 @@ fn inspect_reports_config_counts_and_tensors() {
 fn run_json_gives_the_template_ids_and_transformers_greedy() {
     let g = golden();
     let fx = fixture();
-    let v = ok_json(&["run", "--model", fx.to_str().unwrap(), "--prompt", "What is the capital of France?", "--max-tokens", "8", "--json"]);
+    let v = ok_json(&[
+        "run",
+        "--model",
+        fx.to_str().unwrap(),
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "8",
+        "--json",
+    ]);
     assert_eq!(v["prompt_ids"], g["chat"]["single"]["ids"]);
     assert_eq!(v["generated_ids"], g["sequences"]["chat"]["greedy8"]);
     assert_eq!(v["backend"], "cpu");
@@ -60,7 +91,14 @@ fn run_defaults_to_the_bundled_model() {
     let tmp = tempfile::tempdir().unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_hexq"))
         .env("XDG_CACHE_HOME", tmp.path())
-        .args(["run", "--prompt", "What is the capital of France?", "--max-tokens", "8", "--json"])
+        .args([
+            "run",
+            "--prompt",
+            "What is the capital of France?",
+            "--max-tokens",
+            "8",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -74,27 +112,81 @@ fn synth_writes_what_inspect_reads_back() {
     let out = tmp.path().join("synth");
     let cfg = fixture().join("config.json");
     // Small shards to exercise the sharded path.
-    let r = ok_json(&["synth", "--config", cfg.to_str().unwrap(), "--out", out.to_str().unwrap(), "--shard-bytes", "400000", "--json"]);
+    let r = ok_json(&[
+        "synth",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--shard-bytes",
+        "400000",
+        "--json",
+    ]);
     assert!(r["files"].as_array().unwrap().len() > 1);
     assert!(out.join("model.safetensors.index.json").exists());
     let a = ok_json(&["inspect", out.to_str().unwrap(), "--tensors", "--json"]);
-    let b = ok_json(&["inspect", fixture().to_str().unwrap(), "--tensors", "--json"]);
+    let b = ok_json(&[
+        "inspect",
+        fixture().to_str().unwrap(),
+        "--tensors",
+        "--json",
+    ]);
     assert_eq!(a["parameters"], b["parameters"]);
-    let names = |v: &Value| -> Vec<(Value, Value)> { v["tensors"].as_array().unwrap().iter().map(|t| (t["name"].clone(), t["shape"].clone())).collect() };
+    let names = |v: &Value| -> Vec<(Value, Value)> {
+        v["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| (t["name"].clone(), t["shape"].clone()))
+            .collect()
+    };
     assert_eq!(names(&a), names(&b));
-    assert!(a["tensors"].as_array().unwrap().iter().all(|t| t["dtype"] == "BF16"));
+    assert!(a["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|t| t["dtype"] == "BF16"));
     // It runs.
-    let v = ok_json(&["run", "--model", out.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "3", "--json"]);
+    let v = ok_json(&[
+        "run",
+        "--model",
+        out.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "3",
+        "--json",
+    ]);
     assert_eq!(v["generated_ids"].as_array().unwrap().len(), 3);
     // Deterministic: same seed, same bytes.
     let out2 = tmp.path().join("synth2");
-    ok_json(&["synth", "--config", cfg.to_str().unwrap(), "--out", out2.to_str().unwrap(), "--shard-bytes", "400000", "--json"]);
+    ok_json(&[
+        "synth",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--out",
+        out2.to_str().unwrap(),
+        "--shard-bytes",
+        "400000",
+        "--json",
+    ]);
     for f in std::fs::read_dir(&out).unwrap() {
         let f = f.unwrap();
-        assert_eq!(std::fs::read(f.path()).unwrap(), std::fs::read(out2.join(f.file_name())).unwrap(), "{:?}", f.file_name());
+        assert_eq!(
+            std::fs::read(f.path()).unwrap(),
+            std::fs::read(out2.join(f.file_name())).unwrap(),
+            "{:?}",
+            f.file_name()
+        );
     }
     // Refuses to overwrite without --force, and leaves the existing output intact.
-    let o = hexq(&["synth", "--config", cfg.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let o = hexq(&[
+        "synth",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("already exists"));
     assert!(out.join("config.json").exists());
@@ -102,11 +194,21 @@ fn synth_writes_what_inspect_reads_back() {
     let bad = tmp.path().join("bad.json");
     std::fs::write(&bad, r#"{"model_type": "gemma4_text", "hidden_size": 64}"#).unwrap();
     let out3 = tmp.path().join("synth3");
-    let o = hexq(&["synth", "--config", bad.to_str().unwrap(), "--out", out3.to_str().unwrap()]);
+    let o = hexq(&[
+        "synth",
+        "--config",
+        bad.to_str().unwrap(),
+        "--out",
+        out3.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("intermediate_size"));
     assert!(!out3.exists());
-    let leftovers: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().contains(".tmp-")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+        .collect();
     assert!(leftovers.is_empty());
 }
 

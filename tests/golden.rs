@@ -13,7 +13,10 @@ fn fixtures() -> PathBuf {
 }
 
 fn golden() -> (Value, SafetensorsStore) {
-    let g: Value = serde_json::from_str(&std::fs::read_to_string(fixtures().join("golden/golden.json")).unwrap()).unwrap();
+    let g: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("golden/golden.json")).unwrap(),
+    )
+    .unwrap();
     let st = SafetensorsStore::open_files(&[fixtures().join("golden/golden.safetensors")]).unwrap();
     (g, st)
 }
@@ -23,13 +26,21 @@ fn load(dir: &str) -> Model {
 }
 
 fn ids_of(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// max |a-b| / max |b| over a flat pair.
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    let d = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    let d = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
     let m = b.iter().map(|y| y.abs()).fold(0f32, f32::max);
     d / m
 }
@@ -128,13 +139,24 @@ fn bf16_checkpoint_loads_and_tracks_float() {
         let flat: Vec<f32> = ours.concat();
         let exact = st.to_f32(st.get(&format!("{name}.logits_bf16_weights")).unwrap());
         let e = rel_err(&flat, &exact);
-        assert!(e <= 1e-4, "{name}: bf16 weights vs transformers on the same bf16 weights: rel err {e}");
+        assert!(
+            e <= 1e-4,
+            "{name}: bf16 weights vs transformers on the same bf16 weights: rel err {e}"
+        );
         let gl = st.to_f32(st.get(&format!("{name}.logits")).unwrap());
         let e = rel_err(&flat, &gl);
         assert!(e <= 1.5e-1, "{name}: bf16 vs f32 logits rel err {e}");
         let v = m.cfg.vocab_size;
-        let agree = ours.iter().enumerate().filter(|(p, r)| argmax(r) == argmax(&gl[p * v..(p + 1) * v])).count();
-        assert!(agree * 10 >= ours.len() * 8, "{name}: bf16 top-1 agreement {agree}/{}", ours.len());
+        let agree = ours
+            .iter()
+            .enumerate()
+            .filter(|(p, r)| argmax(r) == argmax(&gl[p * v..(p + 1) * v]))
+            .count();
+        assert!(
+            agree * 10 >= ours.len() * 8,
+            "{name}: bf16 top-1 agreement {agree}/{}",
+            ours.len()
+        );
     }
 }
 
@@ -153,9 +175,19 @@ fn config_derivation_matches_transformers() {
         })
         .collect();
     assert_eq!(Value::Array(modes), g["kv_sharing_modes"]);
-    let hd: Vec<Value> = ck.config.layers.iter().map(|l| (l.head_dim as u64).into()).collect();
+    let hd: Vec<Value> = ck
+        .config
+        .layers
+        .iter()
+        .map(|l| (l.head_dim as u64).into())
+        .collect();
     assert_eq!(Value::Array(hd), g["head_dims"]);
-    let lt: Vec<Value> = ck.config.layers.iter().map(|l| l.kind.name().into()).collect();
+    let lt: Vec<Value> = ck
+        .config
+        .layers
+        .iter()
+        .map(|l| l.kind.name().into())
+        .collect();
     assert_eq!(Value::Array(lt), g["layer_types"]);
     // Reuse layers read the last owner of their own type; double-wide MLP only there.
     for l in &ck.config.layers {
@@ -176,8 +208,16 @@ fn chat_template_is_byte_exact_with_transformers() {
     let tok = Tokenizer::from_dir(&fixtures().join("tiny-gemma4")).unwrap();
     for (name, c) in g["chat"].as_object().unwrap() {
         let msgs: Vec<Message> = serde_json::from_value(c["messages"].clone()).unwrap();
-        assert_eq!(tok.render_chat(&msgs, true).unwrap(), c["text"].as_str().unwrap(), "{name}: rendered text");
-        assert_eq!(tok.encode_chat(&msgs).unwrap(), ids_of(&c["ids"]), "{name}: ids");
+        assert_eq!(
+            tok.render_chat(&msgs, true).unwrap(),
+            c["text"].as_str().unwrap(),
+            "{name}: rendered text"
+        );
+        assert_eq!(
+            tok.encode_chat(&msgs).unwrap(),
+            ids_of(&c["ids"]),
+            "{name}: ids"
+        );
     }
     // The contract of the published builds.
     let p = tok.encode("Hi there").unwrap();

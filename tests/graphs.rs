@@ -20,22 +20,35 @@ fn ckpt() -> Arc<Checkpoint> {
 }
 
 fn golden() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(fixtures().join("golden/golden.json")).unwrap()).unwrap()
+    serde_json::from_str(&std::fs::read_to_string(fixtures().join("golden/golden.json")).unwrap())
+        .unwrap()
 }
 
 fn ids_of(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    let d = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    let d = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
     d / b.iter().map(|y| y.abs()).fold(0f32, f32::max)
 }
 
 fn backend(ck: &Arc<Checkpoint>, decode: Variant, trunk: bool, o: GraphOptions) -> GraphBackend {
     let cfg = &ck.config;
     let d = Interpreter::new(build(cfg, decode, &o), ck.clone()).unwrap();
-    let t = trunk.then(|| Interpreter::new(build(cfg, Variant::Trunk, &o), ck.clone()).unwrap().sharing_weights_with(&d));
+    let t = trunk.then(|| {
+        Interpreter::new(build(cfg, Variant::Trunk, &o), ck.clone())
+            .unwrap()
+            .sharing_weights_with(&d)
+    });
     GraphBackend::new(Host::load(ck.clone()).unwrap(), d, t, o.context).unwrap()
 }
 
@@ -60,7 +73,10 @@ fn check_positions(b: &mut GraphBackend, ck: &Arc<Checkpoint>, ids: &[u32], what
 fn decode_wgqa_matches_reference_at_every_position_through_the_ring_wrap() {
     let ck = ckpt();
     let g = golden();
-    let o = GraphOptions { context: 256, seq: 128 };
+    let o = GraphOptions {
+        context: 256,
+        seq: 128,
+    };
     let mut b = backend(&ck, Variant::DecodeWgqa, false, o);
     // 40 tokens: the 16-entry sliding rings wrap twice.
     let long = ids_of(&g["sequences"]["long"]["ids"]);
@@ -76,7 +92,10 @@ fn decode_wgqa_matches_reference_at_every_position_through_the_ring_wrap() {
 #[test]
 fn decode_full_matches_reference() {
     let ck = ckpt();
-    let o = GraphOptions { context: 64, seq: 128 };
+    let o = GraphOptions {
+        context: 64,
+        seq: 128,
+    };
     let mut b = backend(&ck, Variant::DecodeFull, false, o);
     let long = ids_of(&golden()["sequences"]["long"]["ids"]);
     check_positions(&mut b, &ck, &long, "decode_full");
@@ -85,7 +104,10 @@ fn decode_full_matches_reference() {
 #[test]
 fn trunk_chunks_then_decode_match_reference_past_seq_128() {
     let ck = ckpt();
-    let o = GraphOptions { context: 512, seq: 128 };
+    let o = GraphOptions {
+        context: 512,
+        seq: 128,
+    };
     let mut b = backend(&ck, Variant::DecodeWgqa, true, o);
     // 300-token prompt: chunks of 128, 128, 44, then decode steps.
     let mut ids = vec![2u32];
@@ -124,7 +146,12 @@ fn broadcast_gqa_has_no_expand_and_the_baseline_does() {
         g.validate().unwrap();
         // No vocab-sized tensor anywhere in a graph.
         for (n, ty) in &g.types {
-            assert!(!ty.shape.contains(&cfg.vocab_size), "{}: {n} has a vocab-sized dim {:?}", g.name, ty.shape);
+            assert!(
+                !ty.shape.contains(&cfg.vocab_size),
+                "{}: {n} has a vocab-sized dim {:?}",
+                g.name,
+                ty.shape
+            );
         }
         // Index inputs are int32.
         for vi in &g.inputs {
@@ -135,7 +162,12 @@ fn broadcast_gqa_has_no_expand_and_the_baseline_does() {
         // The finite mask constant, never -inf / f32::MIN.
         for i in &g.initializers {
             if let InitSource::F32(v) = &i.source {
-                assert!(v.iter().all(|x| x.is_finite() && *x >= -1e4), "{}: {}", g.name, i.name);
+                assert!(
+                    v.iter().all(|x| x.is_finite() && *x >= -1e4),
+                    "{}: {}",
+                    g.name,
+                    i.name
+                );
             }
         }
     }
@@ -149,11 +181,29 @@ fn e2b_graphs_build_from_the_config_alone() {
     for v in [Variant::DecodeWgqa, Variant::DecodeFull, Variant::Trunk] {
         let g = build(&cfg, v, &o);
         g.validate().unwrap();
-        let const_bytes: usize = g.initializers.iter().filter(|i| !matches!(i.source, InitSource::Weight { .. })).map(|i| i.ty.bytes()).sum();
-        let weight_bytes: usize = g.initializers.iter().filter(|i| matches!(i.source, InitSource::Weight { .. })).map(|i| i.ty.numel() * 2).sum();
+        let const_bytes: usize = g
+            .initializers
+            .iter()
+            .filter(|i| !matches!(i.source, InitSource::Weight { .. }))
+            .map(|i| i.ty.bytes())
+            .sum();
+        let weight_bytes: usize = g
+            .initializers
+            .iter()
+            .filter(|i| matches!(i.source, InitSource::Weight { .. }))
+            .map(|i| i.ty.numel() * 2)
+            .sum();
         // Only the RoPE tables (4096 positions × (256 + 512) × cos/sin) and scalars are materialised.
-        assert!(const_bytes < 30 << 20, "{}: {const_bytes} bytes of constants", g.name);
-        assert!(weight_bytes > 3 << 30, "{}: decoder weights are referenced ({weight_bytes} bf16 bytes)", g.name);
+        assert!(
+            const_bytes < 30 << 20,
+            "{}: {const_bytes} bytes of constants",
+            g.name
+        );
+        assert!(
+            weight_bytes > 3 << 30,
+            "{}: decoder weights are referenced ({weight_bytes} bf16 bytes)",
+            g.name
+        );
         if v != Variant::DecodeFull {
             assert_eq!(g.count("Expand"), 0);
         }
@@ -173,22 +223,48 @@ fn validator_names_the_node() {
     let mut g = mk();
     g.nodes[0].inputs[0] = "nope".into();
     let e = g.validate().unwrap_err();
-    assert!(e.node == "y" && e.msg.contains("\"nope\" is not defined"), "{e}");
+    assert!(
+        e.node == "y" && e.msg.contains("\"nope\" is not defined"),
+        "{e}"
+    );
     // Shape mismatch: an Add of [2,3] and [4].
     let mut g = mk();
-    g.types.insert("c".into(), hexq_model::graph::ir::TensorType::new(DType::F32, &[4]));
-    g.initializers.push(hexq_model::graph::ir::Initializer { name: "c".into(), ty: hexq_model::graph::ir::TensorType::new(DType::F32, &[4]), source: InitSource::F32(vec![0.0; 4]) });
-    g.nodes.push(hexq_model::graph::ir::Node { name: "z".into(), op: Op::Add, inputs: vec!["y".into(), "c".into()], outputs: vec!["z".into()] });
+    g.types.insert(
+        "c".into(),
+        hexq_model::graph::ir::TensorType::new(DType::F32, &[4]),
+    );
+    g.initializers.push(hexq_model::graph::ir::Initializer {
+        name: "c".into(),
+        ty: hexq_model::graph::ir::TensorType::new(DType::F32, &[4]),
+        source: InitSource::F32(vec![0.0; 4]),
+    });
+    g.nodes.push(hexq_model::graph::ir::Node {
+        name: "z".into(),
+        op: Op::Add,
+        inputs: vec!["y".into(), "c".into()],
+        outputs: vec!["z".into()],
+    });
     let e = g.validate().unwrap_err();
     assert!(e.node == "z" && e.msg.contains("do not broadcast"), "{e}");
     // Cycle / out of order: a node reading an output produced after it.
     let mut g = mk();
-    g.nodes.insert(0, hexq_model::graph::ir::Node { name: "w".into(), op: Op::Neg, inputs: vec!["y".into()], outputs: vec!["w".into()] });
+    g.nodes.insert(
+        0,
+        hexq_model::graph::ir::Node {
+            name: "w".into(),
+            op: Op::Neg,
+            inputs: vec!["y".into()],
+            outputs: vec!["w".into()],
+        },
+    );
     let e = g.validate().unwrap_err();
     assert!(e.node == "w" && e.msg.contains("produced later"), "{e}");
     // Recorded type disagreeing with inference.
     let mut g = mk();
-    g.types.insert("y".into(), hexq_model::graph::ir::TensorType::new(DType::F32, &[3, 2]));
+    g.types.insert(
+        "y".into(),
+        hexq_model::graph::ir::TensorType::new(DType::F32, &[3, 2]),
+    );
     let e = g.validate().unwrap_err();
     assert!(e.node == "y" && e.msg.contains("inferred"), "{e}");
     // Output never produced.
@@ -206,11 +282,16 @@ fn validator_names_the_node() {
 #[test]
 fn backend_trait_generation_equals_cpu_backend() {
     let ck = ckpt();
-    let o = GraphOptions { context: 128, seq: 32 };
+    let o = GraphOptions {
+        context: 128,
+        seq: 32,
+    };
     let mut gb = backend(&ck, Variant::DecodeWgqa, true, o);
     let mut cpu = hexq_runtime::CpuBackend::new(Model::load(ck.clone()).unwrap());
     let tok = hexq_model::chat::Tokenizer::from_dir(&fixtures().join("tiny-gemma4")).unwrap();
-    let msgs = [hexq_model::chat::Message::user("Write a short poem about the sea.")];
+    let msgs = [hexq_model::chat::Message::user(
+        "Write a short poem about the sea.",
+    )];
     let a = hexq_runtime::generate(&mut gb, &tok, &msgs, 24).unwrap();
     let b = hexq_runtime::generate(&mut cpu, &tok, &msgs, 24).unwrap();
     assert_eq!(a.generated_ids, b.generated_ids);
@@ -219,10 +300,20 @@ fn backend_trait_generation_equals_cpu_backend() {
 #[test]
 fn io_contract_doc_is_generated_from_the_graphs() {
     let cfg = ModelConfig::from_file(&fixtures().join("e2b-config.json")).unwrap();
-    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/io-contract.md")).unwrap();
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/io-contract.md"))
+            .unwrap();
     for v in [Variant::DecodeWgqa, Variant::DecodeFull, Variant::Trunk] {
-        let md = hexq_model::graph::report::io_contract_markdown(&build(&cfg, v, &GraphOptions::default()));
-        assert!(doc.contains(&md), "docs/io-contract.md is stale for {}: regenerate with hexq graph --io-contract", v.name());
+        let md = hexq_model::graph::report::io_contract_markdown(&build(
+            &cfg,
+            v,
+            &GraphOptions::default(),
+        ));
+        assert!(
+            doc.contains(&md),
+            "docs/io-contract.md is stale for {}: regenerate with hexq graph --io-contract",
+            v.name()
+        );
     }
 }
 
@@ -230,16 +321,42 @@ fn io_contract_doc_is_generated_from_the_graphs() {
 fn cli_graph_summary_and_run_backend_graph() {
     let exe = env!("CARGO_BIN_EXE_hexq");
     let cfg = fixtures().join("e2b-config.json");
-    let o = std::process::Command::new(exe).args(["graph", "--model", cfg.to_str().unwrap(), "--variant", "decode-wgqa", "--json"]).output().unwrap();
+    let o = std::process::Command::new(exe)
+        .args([
+            "graph",
+            "--model",
+            cfg.to_str().unwrap(),
+            "--variant",
+            "decode-wgqa",
+            "--json",
+        ])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(s["expand_nodes"], 0);
     // 12 sliding rings of 512×256 + 3 full buffers of 4096×512, K and V: 62.9 MB in f32.
-    assert_eq!(s["kv_read_per_call"]["bytes_f32"], 2 * (12 * 512 * 256 + 3 * 4096 * 512) * 4);
+    assert_eq!(
+        s["kv_read_per_call"]["bytes_f32"],
+        2 * (12 * 512 * 256 + 3 * 4096 * 512) * 4
+    );
     let g = golden();
     let fx = fixtures().join("tiny-gemma4");
     let o = std::process::Command::new(exe)
-        .args(["run", "--backend", "graph", "--model", fx.to_str().unwrap(), "--prompt", "What is the capital of France?", "--max-tokens", "8", "--context", "256", "--json"])
+        .args([
+            "run",
+            "--backend",
+            "graph",
+            "--model",
+            fx.to_str().unwrap(),
+            "--prompt",
+            "What is the capital of France?",
+            "--max-tokens",
+            "8",
+            "--context",
+            "256",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -24,7 +24,19 @@ fn ok(o: &Output) {
 const MODEL: &str = "tests/fixtures/tiny-gemma4";
 
 fn calibrate(out: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut a = vec!["calibrate", "--model", MODEL, "--limit", "12", "--context", "128", "--decode-tokens", "4", "--out", out.to_str().unwrap()];
+    let mut a = vec![
+        "calibrate",
+        "--model",
+        MODEL,
+        "--limit",
+        "12",
+        "--context",
+        "128",
+        "--decode-tokens",
+        "4",
+        "--out",
+        out.to_str().unwrap(),
+    ];
     a.extend(extra);
     hexq(&a, envs)
 }
@@ -36,35 +48,106 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
     ok(&calibrate(&st, &[], &[]));
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&st).unwrap()).unwrap();
     assert_eq!(s["chat_formatted"], true);
-    assert_eq!(s["template_ids_seen"], serde_json::json!([105, 106, 107, 2364, 4368]));
+    assert_eq!(
+        s["template_ids_seen"],
+        serde_json::json!([105, 106, 107, 2364, 4368])
+    );
     assert!(s["tensors"]["hidden_states"]["count"].as_u64().unwrap() > 0);
     assert_eq!(s["model_sha256"].as_str().unwrap().len(), 64);
     // Encodings, plain and int8-KV.
     let enc = t.path().join("enc.json");
-    ok(&hexq(&["quantize", "--model", MODEL, "--stats", st.to_str().unwrap(), "--out", enc.to_str().unwrap()], &[]));
+    ok(&hexq(
+        &[
+            "quantize",
+            "--model",
+            MODEL,
+            "--stats",
+            st.to_str().unwrap(),
+            "--out",
+            enc.to_str().unwrap(),
+        ],
+        &[],
+    ));
     let e: Value = serde_json::from_str(&std::fs::read_to_string(&enc).unwrap()).unwrap();
     let a = &e["activation_encodings"]["hidden_states"][0];
     assert_eq!(a["bitwidth"], 16);
     assert_eq!(a["is_symmetric"], "False");
-    let w = e["param_encodings"]["layers.0.self_attn.q_proj.weight.T"].as_array().unwrap();
+    let w = e["param_encodings"]["layers.0.self_attn.q_proj.weight.T"]
+        .as_array()
+        .unwrap();
     assert_eq!(w.len(), 64, "one encoding per output channel");
-    assert!(w.iter().all(|c| c["bitwidth"] == 8 && c["offset"] == -128 && c["is_symmetric"] == "True"));
-    assert_eq!(e["activation_encodings"]["present_key_0"][0]["bitwidth"], 16);
+    assert!(w
+        .iter()
+        .all(|c| c["bitwidth"] == 8 && c["offset"] == -128 && c["is_symmetric"] == "True"));
+    assert_eq!(
+        e["activation_encodings"]["present_key_0"][0]["bitwidth"],
+        16
+    );
     let enc8 = t.path().join("enc8.json");
-    ok(&hexq(&["quantize", "--model", MODEL, "--stats", st.to_str().unwrap(), "--int8-kv", "--out", enc8.to_str().unwrap()], &[]));
+    ok(&hexq(
+        &[
+            "quantize",
+            "--model",
+            MODEL,
+            "--stats",
+            st.to_str().unwrap(),
+            "--int8-kv",
+            "--out",
+            enc8.to_str().unwrap(),
+        ],
+        &[],
+    ));
     let e8: Value = serde_json::from_str(&std::fs::read_to_string(&enc8).unwrap()).unwrap();
-    assert_eq!(e8["activation_encodings"]["present_key_0"][0]["bitwidth"], 8);
+    assert_eq!(
+        e8["activation_encodings"]["present_key_0"][0]["bitwidth"],
+        8
+    );
     assert_eq!(e8["activation_encodings"]["past_value_4"][0]["bitwidth"], 8);
     // Overrides: W4 per-channel MLP weights, one tensor kept at 16 bits.
     let ov = t.path().join("ov.json");
     std::fs::write(&ov, r#"{"rules": [{"pattern": "layers.*.mlp.*_proj.weight.T", "kind": "param", "bitwidth": 4}]}"#).unwrap();
     let enc4 = t.path().join("enc4.json");
-    ok(&hexq(&["quantize", "--model", MODEL, "--stats", st.to_str().unwrap(), "--overrides", ov.to_str().unwrap(), "--out", enc4.to_str().unwrap()], &[]));
+    ok(&hexq(
+        &[
+            "quantize",
+            "--model",
+            MODEL,
+            "--stats",
+            st.to_str().unwrap(),
+            "--overrides",
+            ov.to_str().unwrap(),
+            "--out",
+            enc4.to_str().unwrap(),
+        ],
+        &[],
+    ));
     let e4: Value = serde_json::from_str(&std::fs::read_to_string(&enc4).unwrap()).unwrap();
-    assert_eq!(e4["param_encodings"]["layers.2.mlp.down_proj.weight.T"][0]["bitwidth"], 4);
-    assert_eq!(e4["param_encodings"]["layers.2.self_attn.o_proj.weight.T"][0]["bitwidth"], 8);
+    assert_eq!(
+        e4["param_encodings"]["layers.2.mlp.down_proj.weight.T"][0]["bitwidth"],
+        4
+    );
+    assert_eq!(
+        e4["param_encodings"]["layers.2.self_attn.o_proj.weight.T"][0]["bitwidth"],
+        8
+    );
     // Verify: A16W8 tracks float closely on the tiny model (measured: cosine ≥ 0.98, top-1 ≥ 80 %).
-    let o = hexq(&["verify", "--model", MODEL, "--encodings", enc.to_str().unwrap(), "--stats", st.to_str().unwrap(), "--limit", "8", "--steps", "4", "--json"], &[]);
+    let o = hexq(
+        &[
+            "verify",
+            "--model",
+            MODEL,
+            "--encodings",
+            enc.to_str().unwrap(),
+            "--stats",
+            st.to_str().unwrap(),
+            "--limit",
+            "8",
+            "--steps",
+            "4",
+            "--json",
+        ],
+        &[],
+    );
     ok(&o);
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["prompts"], 8);
@@ -74,12 +157,29 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
     assert_eq!(r["collapsed"], false);
     // Stats from another graph are refused.
     let stt = t.path().join("trunk.json");
-    ok(&calibrate(&stt, &["--variant", "trunk", "--seq", "32"], &[]));
+    ok(&calibrate(
+        &stt,
+        &["--variant", "trunk", "--seq", "32"],
+        &[],
+    ));
     let mut sv: Value = serde_json::from_str(&std::fs::read_to_string(&stt).unwrap()).unwrap();
     sv["graph_sha256"] = "0".repeat(64).into();
     std::fs::write(&stt, sv.to_string()).unwrap();
-    let o = hexq(&["quantize", "--model", MODEL, "--stats", stt.to_str().unwrap(), "--out", t.path().join("x.json").to_str().unwrap()], &[]);
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("re-run hexq calibrate"));
+    let o = hexq(
+        &[
+            "quantize",
+            "--model",
+            MODEL,
+            "--stats",
+            stt.to_str().unwrap(),
+            "--out",
+            t.path().join("x.json").to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("re-run hexq calibrate")
+    );
     assert!(!t.path().join("x.json").exists());
 }
 
@@ -91,7 +191,11 @@ fn calibration_is_byte_identical_across_runs_and_thread_counts() {
     let c = t.path().join("c.json");
     ok(&calibrate(&a, &[], &[]));
     ok(&calibrate(&b, &[], &[]));
-    ok(&calibrate(&c, &[], &[("RAYON_NUM_THREADS", "1"), ("CANDLE_NUM_THREADS", "1")]));
+    ok(&calibrate(
+        &c,
+        &[],
+        &[("RAYON_NUM_THREADS", "1"), ("CANDLE_NUM_THREADS", "1")],
+    ));
     let ba = std::fs::read(&a).unwrap();
     assert_eq!(ba, std::fs::read(&b).unwrap());
     assert_eq!(ba, std::fs::read(&c).unwrap());
@@ -105,12 +209,32 @@ fn guards_refuse_raw_text_noise_and_mask_constants() {
     let o = calibrate(&out, &["--dataset", "datasets/raw_text_sample.jsonl"], &[]);
     assert_eq!(o.status.code(), Some(1));
     let e = String::from_utf8_lossy(&o.stderr);
-    assert!(e.contains("raw text, not chat-formatted") && e.contains("raw_text_sample.jsonl"), "{e}");
+    assert!(
+        e.contains("raw text, not chat-formatted") && e.contains("raw_text_sample.jsonl"),
+        "{e}"
+    );
     assert!(!out.exists());
     // Forced, it runs, but the stats say so and quantize refuses them.
-    ok(&calibrate(&out, &["--dataset", "datasets/raw_text_sample.jsonl", "--force"], &[]));
-    let o = hexq(&["quantize", "--model", MODEL, "--stats", out.to_str().unwrap(), "--out", t.path().join("e.json").to_str().unwrap()], &[]);
-    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not chat-formatted"));
+    ok(&calibrate(
+        &out,
+        &["--dataset", "datasets/raw_text_sample.jsonl", "--force"],
+        &[],
+    ));
+    let o = hexq(
+        &[
+            "quantize",
+            "--model",
+            MODEL,
+            "--stats",
+            out.to_str().unwrap(),
+            "--out",
+            t.path().join("e.json").to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("not chat-formatted")
+    );
     // Random-noise embeddings.
     let out = t.path().join("noise.json");
     let o = calibrate(&out, &["--noise"], &[]);
@@ -122,15 +246,42 @@ fn guards_refuse_raw_text_noise_and_mask_constants() {
     let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&st).unwrap()).unwrap();
     v["tensors"]["layers.0.self_attn.scores_masked"]["min"] = serde_json::json!(-3.4028235e38);
     std::fs::write(&st, v.to_string()).unwrap();
-    let o = hexq(&["quantize", "--model", MODEL, "--stats", st.to_str().unwrap(), "--out", t.path().join("e.json").to_str().unwrap()], &[]);
+    let o = hexq(
+        &[
+            "quantize",
+            "--model",
+            MODEL,
+            "--stats",
+            st.to_str().unwrap(),
+            "--out",
+            t.path().join("e.json").to_str().unwrap(),
+        ],
+        &[],
+    );
     let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && e.contains("mask constant outside ±1e4") && e.contains("scores_masked"), "{e}");
+    assert!(
+        !o.status.success()
+            && e.contains("mask constant outside ±1e4")
+            && e.contains("scores_masked"),
+        "{e}"
+    );
     // Degenerate range.
     v["tensors"]["layers.0.self_attn.scores_masked"]["min"] = serde_json::json!(-1.0);
     v["tensors"]["layers.1.mlp.gated"]["min"] = serde_json::json!(0.5);
     v["tensors"]["layers.1.mlp.gated"]["max"] = serde_json::json!(0.5);
     std::fs::write(&st, v.to_string()).unwrap();
-    let o = hexq(&["quantize", "--model", MODEL, "--stats", st.to_str().unwrap(), "--out", t.path().join("e.json").to_str().unwrap()], &[]);
+    let o = hexq(
+        &[
+            "quantize",
+            "--model",
+            MODEL,
+            "--stats",
+            st.to_str().unwrap(),
+            "--out",
+            t.path().join("e.json").to_str().unwrap(),
+        ],
+        &[],
+    );
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("degenerate range"));
     assert!(!t.path().join("e.json").exists());
 }
@@ -143,12 +294,36 @@ fn collapsed_quantsim_is_reported() {
     let st = t.path().join("s.json");
     ok(&calibrate(&st, &[], &[]));
     let enc = t.path().join("e.json");
-    ok(&hexq(&["quantize", "--model", MODEL, "--stats", st.to_str().unwrap(), "--out", enc.to_str().unwrap()], &[]));
+    ok(&hexq(
+        &[
+            "quantize",
+            "--model",
+            MODEL,
+            "--stats",
+            st.to_str().unwrap(),
+            "--out",
+            enc.to_str().unwrap(),
+        ],
+        &[],
+    ));
     let mut e: Value = serde_json::from_str(&std::fs::read_to_string(&enc).unwrap()).unwrap();
     let tiny = serde_json::json!([{"bitwidth": 16, "dtype": "int", "is_symmetric": "False", "min": 0.0, "max": 1e-6, "offset": 0, "scale": 1.5e-11}]);
     e["activation_encodings"]["hidden_states"] = tiny;
     std::fs::write(&enc, e.to_string()).unwrap();
-    let o = hexq(&["verify", "--model", MODEL, "--encodings", enc.to_str().unwrap(), "--limit", "2", "--steps", "1"], &[]);
+    let o = hexq(
+        &[
+            "verify",
+            "--model",
+            MODEL,
+            "--encodings",
+            enc.to_str().unwrap(),
+            "--limit",
+            "2",
+            "--steps",
+            "1",
+        ],
+        &[],
+    );
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("collapsed"));
 }
@@ -157,10 +332,23 @@ fn collapsed_quantsim_is_reported() {
 fn encodings_match_aimet_within_one_lsb() {
     // Judge: aimet-onnx 2.42 (PyPI). .ci/run installs it and sets HEXQ_REQUIRE_JUDGES=1; elsewhere a
     // missing aimet skips with the reason printed.
-    let probe = Command::new("python3").args(["-c", "import aimet_onnx"]).output();
+    let probe = Command::new("python3")
+        .args(["-c", "import aimet_onnx"])
+        .output();
     if !matches!(&probe, Ok(o) if o.status.success()) {
-        let why = probe.map(|o| String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("").to_string()).unwrap_or_else(|e| e.to_string());
-        assert!(std::env::var("HEXQ_REQUIRE_JUDGES").is_err(), "aimet-onnx required but not importable: {why}");
+        let why = probe
+            .map(|o| {
+                String::from_utf8_lossy(&o.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .unwrap_or_else(|e| e.to_string());
+        assert!(
+            std::env::var("HEXQ_REQUIRE_JUDGES").is_err(),
+            "aimet-onnx required but not importable: {why}"
+        );
         eprintln!("SKIP encodings_match_aimet_within_one_lsb: aimet-onnx not importable: {why}");
         return;
     }
@@ -172,35 +360,108 @@ fn encodings_match_aimet_within_one_lsb() {
     let tok = hexq_model::chat::Tokenizer::from_dir(&dir).unwrap();
     // MatMuls judged: (input activation, output activation, checkpoint weight).
     let mm = [
-        ("layers.0.pre_feedforward_layernorm.out", "layers.0.mlp.up_proj", "layers.0.mlp.up_proj.weight"),
-        ("layers.4.input_layernorm.out", "layers.4.self_attn.q_proj", "layers.4.self_attn.q_proj.weight"),
-        ("layers.7.mlp.gated", "layers.7.mlp.down_proj", "layers.7.mlp.down_proj.weight"),
+        (
+            "layers.0.pre_feedforward_layernorm.out",
+            "layers.0.mlp.up_proj",
+            "layers.0.mlp.up_proj.weight",
+        ),
+        (
+            "layers.4.input_layernorm.out",
+            "layers.4.self_attn.q_proj",
+            "layers.4.self_attn.q_proj.weight",
+        ),
+        (
+            "layers.7.mlp.gated",
+            "layers.7.mlp.down_proj",
+            "layers.7.mlp.down_proj.weight",
+        ),
     ];
     let obs = RangeObserver {
         capture: Arc::new(mm.iter().map(|m| m.0.to_string()).collect()),
         ..Default::default()
     };
-    let o = Options { variant: Variant::DecodeWgqa, graph: GraphOptions { context: 128, seq: 128 }, decode_tokens: 2, limit: Some(4), force: false, noise: false };
+    let o = Options {
+        variant: Variant::DecodeWgqa,
+        graph: GraphOptions {
+            context: 128,
+            seq: 128,
+        },
+        decode_tokens: 2,
+        limit: Some(4),
+        force: false,
+        noise: false,
+    };
     let pb = indicatif::ProgressBar::hidden();
     // AIMET's sequence: param encodings first, activations observed with the weights fake-quantized.
     let g = build(&ck.config, Variant::DecodeWgqa, &o.graph);
-    let pe = hexq_quantize::param_encodings(&ck, &g, &hexq_quantize::Scheme::a16w8(false), &Default::default()).unwrap();
+    let pe = hexq_quantize::param_encodings(
+        &ck,
+        &g,
+        &hexq_quantize::Scheme::a16w8(false),
+        &Default::default(),
+    )
+    .unwrap();
     let hook = Box::new(hexq_quantize::quantsim::FakeQuant::from_params(&pe));
-    let stats = calibrate_with(ck.clone(), &tok, &root().join("datasets/calibration.jsonl"), &o, &pb, obs.clone(), Some(hook), "int8_per_channel".into()).unwrap();
-    let enc = hexq_quantize::encode(&ck, &g, &stats, &hexq_quantize::Scheme::a16w8(false), &Default::default()).unwrap();
+    let stats = calibrate_with(
+        ck.clone(),
+        &tok,
+        &root().join("datasets/calibration.jsonl"),
+        &o,
+        &pb,
+        obs.clone(),
+        Some(hook),
+        "int8_per_channel".into(),
+    )
+    .unwrap();
+    let enc = hexq_quantize::encode(
+        &ck,
+        &g,
+        &stats,
+        &hexq_quantize::Scheme::a16w8(false),
+        &Default::default(),
+    )
+    .unwrap();
     let cap = obs.captured.lock().unwrap().clone();
     if std::env::var("HEXQ_DEBUG_JUDGE").is_ok() {
         use hexq_model::graph::interp::Hook;
         let mut fq = hexq_quantize::quantsim::FakeQuant::from_params(&pe);
-        let w = hexq_model::graph::interp::WeightSource::weight(ck.as_ref(), "layers.0.mlp.up_proj.weight").unwrap();
+        let w = hexq_model::graph::interp::WeightSource::weight(
+            ck.as_ref(),
+            "layers.0.mlp.up_proj.weight",
+        )
+        .unwrap();
         let wt = w.t().unwrap();
-        let q = fq.tensor("layers.0.mlp.up_proj.weight.T", &wt).expect("quantized");
+        let q = fq
+            .tensor("layers.0.mlp.up_proj.weight.T", &wt)
+            .expect("quantized");
         let xs = &cap["layers.0.pre_feedforward_layernorm.out"];
-        let x = candle_core::Tensor::from_vec(xs.concat(), (xs.len(), 64), &candle_core::Device::Cpu).unwrap();
-        let y: Vec<f32> = x.matmul(&q).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let yf: Vec<f32> = x.matmul(&wt).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let mm = |v: &[f32]| v.iter().fold((f32::MAX, f32::MIN), |(a, b), &z| (a.min(z), b.max(z)));
-        eprintln!("DEBUG ours x@qW {:?} x@W {:?} stats {:?}", mm(&y), mm(&yf), stats.tensors["layers.0.mlp.up_proj"]);
+        let x =
+            candle_core::Tensor::from_vec(xs.concat(), (xs.len(), 64), &candle_core::Device::Cpu)
+                .unwrap();
+        let y: Vec<f32> = x
+            .matmul(&q)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let yf: Vec<f32> = x
+            .matmul(&wt)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let mm = |v: &[f32]| {
+            v.iter()
+                .fold((f32::MAX, f32::MIN), |(a, b), &z| (a.min(z), b.max(z)))
+        };
+        eprintln!(
+            "DEBUG ours x@qW {:?} x@W {:?} stats {:?}",
+            mm(&y),
+            mm(&yf),
+            stats.tensors["layers.0.mlp.up_proj"]
+        );
     }
     let cases: Vec<Value> = mm
         .iter()
@@ -208,10 +469,23 @@ fn encodings_match_aimet_within_one_lsb() {
         .collect();
     let t = tempfile::tempdir().unwrap();
     let cp = t.path().join("cases.json");
-    std::fs::write(&cp, serde_json::json!({"model_dir": dir, "cases": cases}).to_string()).unwrap();
+    std::fs::write(
+        &cp,
+        serde_json::json!({"model_dir": dir, "cases": cases}).to_string(),
+    )
+    .unwrap();
     let ap = t.path().join("aimet.json");
-    let o = Command::new("python3").arg(root().join("tests/judges/aimet_encodings.py")).arg(&cp).arg(&ap).output().unwrap();
-    assert!(o.status.success(), "aimet judge failed: {}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new("python3")
+        .arg(root().join("tests/judges/aimet_encodings.py"))
+        .arg(&cp)
+        .arg(&ap)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "aimet judge failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let a: Value = serde_json::from_str(&std::fs::read_to_string(&ap).unwrap()).unwrap();
     let within_lsb = |what: &str, ours: &hexq_quantize::Encoding, scale: f64, offset: f64| {
         // Same grid within one step: min and max agree to one LSB of either encoding.
@@ -226,21 +500,50 @@ fn encodings_match_aimet_within_one_lsb() {
         let f = |v: &Value, k: &str, i: usize| v[k][i].as_f64().unwrap();
         let ours = &enc.param_encodings[&format!("{w}.T")];
         if std::env::var("HEXQ_DEBUG_JUDGE").is_ok() {
-            let r8: Vec<f64> = ours.iter().enumerate().take(6).map(|(c, e)| e.scale / f(&r["w"], "scale", c)).collect();
+            let r8: Vec<f64> = ours
+                .iter()
+                .enumerate()
+                .take(6)
+                .map(|(c, e)| e.scale / f(&r["w"], "scale", c))
+                .collect();
             eprintln!("DEBUG {w} scale ratios hexq/aimet {r8:?}");
         }
 
-        within_lsb(&format!("{x} (input)"), &enc.activation_encodings[x][0], f(&r["x"], "scale", 0), f(&r["x"], "offset", 0));
+        within_lsb(
+            &format!("{x} (input)"),
+            &enc.activation_encodings[x][0],
+            f(&r["x"], "scale", 0),
+            f(&r["x"], "offset", 0),
+        );
         // Outputs: AIMET observes y = x @ q(W) (activation quantizers in update-stats mode, params
         // quantize-dequantized — aimet_onnx.quantsim.compute_encodings); hexq calibrates with --params int8
         // (the default), the same.
-        within_lsb(&format!("{y} (output)"), &enc.activation_encodings[y][0], f(&r["y"], "scale", 0), f(&r["y"], "offset", 0));
+        within_lsb(
+            &format!("{y} (output)"),
+            &enc.activation_encodings[y][0],
+            f(&r["y"], "scale", 0),
+            f(&r["y"], "offset", 0),
+        );
         let ours = &enc.param_encodings[&format!("{w}.T")];
-        assert_eq!(ours.len(), r["w"]["scale"].as_array().unwrap().len(), "{w}: channels");
+        assert_eq!(
+            ours.len(),
+            r["w"]["scale"].as_array().unwrap().len(),
+            "{w}: channels"
+        );
         for (c, e) in ours.iter().enumerate() {
-            within_lsb(&format!("{w} channel {c}"), e, f(&r["w"], "scale", c), f(&r["w"], "offset", c));
+            within_lsb(
+                &format!("{w} channel {c}"),
+                e,
+                f(&r["w"], "scale", c),
+                f(&r["w"], "offset", c),
+            );
             // Weights must be on the same grid, not merely within a step at the ends.
-            assert!((e.scale / f(&r["w"], "scale", c) - 1.0).abs() < 1e-5, "{w} channel {c}: scale {} vs aimet {}", e.scale, f(&r["w"], "scale", c));
+            assert!(
+                (e.scale / f(&r["w"], "scale", c) - 1.0).abs() < 1e-5,
+                "{w} channel {c}: scale {} vs aimet {}",
+                e.scale,
+                f(&r["w"], "scale", c)
+            );
             checked += 1;
         }
         assert_eq!(r["x"]["bw"], 16);

@@ -41,9 +41,13 @@ pub fn load_dataset(path: &Path) -> Result<Vec<Record>> {
         if line.trim().is_empty() {
             continue;
         }
-        let r: Record = serde_json::from_str(line).map_err(|e| Error::file(path, format!("line {}: {e}", i + 1)))?;
+        let r: Record = serde_json::from_str(line)
+            .map_err(|e| Error::file(path, format!("line {}: {e}", i + 1)))?;
         if r.messages.is_none() && r.text.is_none() {
-            return Err(Error::file(path, format!("line {} ({}): needs \"messages\" or \"text\"", i + 1, r.id)));
+            return Err(Error::file(
+                path,
+                format!("line {} ({}): needs \"messages\" or \"text\"", i + 1, r.id),
+            ));
         }
         out.push(r);
     }
@@ -108,7 +112,12 @@ impl Hook for RangeObserver {
         }
         let v: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;
         if self.capture.contains(name) {
-            self.captured.lock().unwrap().entry(name.to_string()).or_default().push(v.clone());
+            self.captured
+                .lock()
+                .unwrap()
+                .entry(name.to_string())
+                .or_default()
+                .push(v.clone());
         }
         let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
         for &x in &v {
@@ -117,8 +126,17 @@ impl Hook for RangeObserver {
             lo = lo.min(x);
             hi = hi.max(x);
         }
-        let r = Range { min: lo, max: hi, count: v.len() as u64 };
-        self.ranges.lock().unwrap().entry(name.to_string()).and_modify(|e| e.merge(&r)).or_insert(r);
+        let r = Range {
+            min: lo,
+            max: hi,
+            count: v.len() as u64,
+        };
+        self.ranges
+            .lock()
+            .unwrap()
+            .entry(name.to_string())
+            .and_modify(|e| e.merge(&r))
+            .or_insert(r);
         None
     }
 }
@@ -177,18 +195,44 @@ fn guard(msgs: &mut Vec<String>, force: bool, msg: String) -> Result<()> {
         msgs.push(msg);
         Ok(())
     } else {
-        Err(Error::Msg(format!("{msg}; refusing to calibrate (pass --force to override)")))
+        Err(Error::Msg(format!(
+            "{msg}; refusing to calibrate (pass --force to override)"
+        )))
     }
 }
 
-pub fn calibrate(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &Options, pb: &indicatif::ProgressBar) -> Result<Stats> {
-    calibrate_with(ck, tok, dataset, o, pb, RangeObserver::default(), None, "float".into())
+pub fn calibrate(
+    ck: Arc<Checkpoint>,
+    tok: &Tokenizer,
+    dataset: &Path,
+    o: &Options,
+    pb: &indicatif::ProgressBar,
+) -> Result<Stats> {
+    calibrate_with(
+        ck,
+        tok,
+        dataset,
+        o,
+        pb,
+        RangeObserver::default(),
+        None,
+        "float".into(),
+    )
 }
 
 /// [`calibrate`] with a caller-made observer (e.g. one that also captures some tensors' values).
 /// `params`: a hook that fake-quantizes the weights as they load (None = float weights), named by `mode`.
 #[allow(clippy::too_many_arguments)]
-pub fn calibrate_with(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &Options, pb: &indicatif::ProgressBar, obs: RangeObserver, params: Option<Box<dyn Hook + Send>>, mode: ParamMode) -> Result<Stats> {
+pub fn calibrate_with(
+    ck: Arc<Checkpoint>,
+    tok: &Tokenizer,
+    dataset: &Path,
+    o: &Options,
+    pb: &indicatif::ProgressBar,
+    obs: RangeObserver,
+    params: Option<Box<dyn Hook + Send>>,
+    mode: ParamMode,
+) -> Result<Stats> {
     let mut recs = load_dataset(dataset)?;
     if let Some(n) = o.limit {
         recs.truncate(n);
@@ -204,12 +248,26 @@ pub fn calibrate_with(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &
     let g = build(cfg, o.variant, &o.graph);
     let graph_sha = g.content_hash();
     let skip: HashSet<String> = g.initializers.iter().map(|i| i.name.clone()).collect();
-    let obs = RangeObserver { skip: Arc::new(skip), ..obs };
-    let decode_variant = if o.variant == Variant::Trunk { Variant::DecodeWgqa } else { o.variant };
+    let obs = RangeObserver {
+        skip: Arc::new(skip),
+        ..obs
+    };
+    let decode_variant = if o.variant == Variant::Trunk {
+        Variant::DecodeWgqa
+    } else {
+        o.variant
+    };
     let decode = Interpreter::new(build(cfg, decode_variant, &o.graph), ck.clone())?;
-    let trunk = if o.variant == Variant::Trunk { Some(Interpreter::new(g, ck.clone())?.sharing_weights_with(&decode)) } else { None };
+    let trunk = if o.variant == Variant::Trunk {
+        Some(Interpreter::new(g, ck.clone())?.sharing_weights_with(&decode))
+    } else {
+        None
+    };
     let mut b = GraphBackend::new(Host::load(ck.clone())?, decode, trunk, o.graph.context)?;
-    b.hook = Some(Box::new(Chain { first: params, obs: obs.clone() }));
+    b.hook = Some(Box::new(Chain {
+        first: params,
+        obs: obs.clone(),
+    }));
     pb.set_length(recs.len() as u64);
     let mut seen = HashSet::new();
     let mut tokens = 0u64;
@@ -218,7 +276,10 @@ pub fn calibrate_with(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &
             Some(m) => tok.encode_chat(m)?,
             None => tok.encode(r.text.as_deref().unwrap())?,
         };
-        let ids: Vec<u32> = ids.into_iter().take(o.graph.context.saturating_sub(o.decode_tokens + 1)).collect();
+        let ids: Vec<u32> = ids
+            .into_iter()
+            .take(o.graph.context.saturating_sub(o.decode_tokens + 1))
+            .collect();
         seen.extend(ids.iter().copied().filter(|i| TEMPLATE_IDS.contains(i)));
         hexq_runtime::Backend::reset(&mut b);
         if o.noise {
@@ -254,7 +315,11 @@ pub fn calibrate_with(ck: Arc<Checkpoint>, tok: &Tokenizer, dataset: &Path, o: &
     let mut seen: Vec<u32> = seen.into_iter().collect();
     seen.sort();
     if o.noise || seen.len() < TEMPLATE_IDS.len() {
-        let missing: Vec<u32> = TEMPLATE_IDS.iter().copied().filter(|i| o.noise || !seen.contains(i)).collect();
+        let missing: Vec<u32> = TEMPLATE_IDS
+            .iter()
+            .copied()
+            .filter(|i| o.noise || !seen.contains(i))
+            .collect();
         guard(&mut warnings, o.force, format!(
             "calibration inputs never contain the chat template tokens {missing:?}{}: their activations would be uncalibrated",
             if o.noise { " (random-noise embeddings)" } else { "" }))?;

@@ -28,10 +28,20 @@ pub fn onnx_dtype(d: DType) -> i32 {
 }
 
 fn attr_i(name: &str, v: i64) -> AttributeProto {
-    AttributeProto { name: name.into(), i: v, r#type: 2, ..Default::default() }
+    AttributeProto {
+        name: name.into(),
+        i: v,
+        r#type: 2,
+        ..Default::default()
+    }
 }
 fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
-    AttributeProto { name: name.into(), ints: v.to_vec(), r#type: 7, ..Default::default() }
+    AttributeProto {
+        name: name.into(),
+        ints: v.to_vec(),
+        r#type: 7,
+        ..Default::default()
+    }
 }
 
 fn vinfo(name: &str, d: DType, shape: &[usize], doc: &str) -> ValueInfoProto {
@@ -40,7 +50,14 @@ fn vinfo(name: &str, d: DType, shape: &[usize], doc: &str) -> ValueInfoProto {
         r#type: Some(TypeProto {
             tensor_type: Some(TypeProtoTensor {
                 elem_type: onnx_dtype(d),
-                shape: Some(TensorShapeProto { dim: shape.iter().map(|&s| Dimension { dim_value: s as i64 }).collect() }),
+                shape: Some(TensorShapeProto {
+                    dim: shape
+                        .iter()
+                        .map(|&s| Dimension {
+                            dim_value: s as i64,
+                        })
+                        .collect(),
+                }),
             }),
         }),
         doc_string: doc.into(),
@@ -48,7 +65,13 @@ fn vinfo(name: &str, d: DType, shape: &[usize], doc: &str) -> ValueInfoProto {
 }
 
 fn i64_tensor(name: &str, v: &[i64]) -> TensorProto {
-    TensorProto { dims: vec![v.len() as i64], data_type: 7, name: name.into(), raw_data: v.iter().flat_map(|x| x.to_le_bytes()).collect(), ..Default::default() }
+    TensorProto {
+        dims: vec![v.len() as i64],
+        data_type: 7,
+        name: name.into(),
+        raw_data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ..Default::default()
+    }
 }
 
 pub struct ExportOptions {
@@ -70,16 +93,24 @@ impl DataWriter<'_> {
             if let Some(mut w) = self.cur.take() {
                 w.flush().map_err(|e| Error::io(self.dir, e))?;
             }
-            let name = if self.files.is_empty() { format!("{}.data", self.stem) } else { format!("{}.{}.data", self.stem, self.files.len()) };
+            let name = if self.files.is_empty() {
+                format!("{}.data", self.stem)
+            } else {
+                format!("{}.{}.data", self.stem, self.files.len())
+            };
             let p = self.dir.join(&name);
-            self.cur = Some(std::io::BufWriter::with_capacity(8 << 20, std::fs::File::create(&p).map_err(|e| Error::io(&p, e))?));
+            self.cur = Some(std::io::BufWriter::with_capacity(
+                8 << 20,
+                std::fs::File::create(&p).map_err(|e| Error::io(&p, e))?,
+            ));
             self.files.push(name);
             self.off = 0;
         }
         let w = self.cur.as_mut().unwrap();
         let pad = (ALIGN - self.off % ALIGN) % ALIGN;
         let p = self.dir.join(self.files.last().unwrap());
-        w.write_all(&vec![0u8; pad as usize]).map_err(|e| Error::io(&p, e))?;
+        w.write_all(&vec![0u8; pad as usize])
+            .map_err(|e| Error::io(&p, e))?;
         self.off += pad;
         let at = self.off;
         w.write_all(bytes).map_err(|e| Error::io(&p, e))?;
@@ -89,7 +120,10 @@ impl DataWriter<'_> {
     fn finish(mut self) -> Result<Vec<String>> {
         if let Some(mut w) = self.cur.take() {
             w.flush().map_err(|e| Error::io(self.dir, e))?;
-            w.into_inner().map_err(|e| Error::io(self.dir, e.into_error()))?.sync_all().map_err(|e| Error::io(self.dir, e))?;
+            w.into_inner()
+                .map_err(|e| Error::io(self.dir, e.into_error()))?
+                .sync_all()
+                .map_err(|e| Error::io(self.dir, e))?;
         }
         Ok(self.files)
     }
@@ -98,22 +132,48 @@ impl DataWriter<'_> {
 fn external(t: &mut TensorProto, file: &str, off: u64, len: usize) {
     t.data_location = 1;
     t.external_data = vec![
-        StringStringEntryProto { key: "location".into(), value: file.into() },
-        StringStringEntryProto { key: "offset".into(), value: off.to_string() },
-        StringStringEntryProto { key: "length".into(), value: len.to_string() },
+        StringStringEntryProto {
+            key: "location".into(),
+            value: file.into(),
+        },
+        StringStringEntryProto {
+            key: "offset".into(),
+            value: off.to_string(),
+        },
+        StringStringEntryProto {
+            key: "length".into(),
+            value: len.to_string(),
+        },
     ];
 }
 
 /// Write `<dir>/<graph.name>.onnx` and its `.data` file(s). Returns the files written.
-pub fn write_onnx(ck: &Checkpoint, g: &Graph, dir: &Path, o: &ExportOptions) -> Result<Vec<String>> {
+pub fn write_onnx(
+    ck: &Checkpoint,
+    g: &Graph,
+    dir: &Path,
+    o: &ExportOptions,
+) -> Result<Vec<String>> {
     if o.f16_weights {
-        return Err(Error::Msg("f16 weights need Cast nodes in the IR (not yet): export f32".into()));
+        return Err(Error::Msg(
+            "f16 weights need Cast nodes in the IR (not yet): export f32".into(),
+        ));
     }
-    let mut data = DataWriter { dir, stem: g.name.clone(), files: vec![], cur: None, off: 0 };
+    let mut data = DataWriter {
+        dir,
+        stem: g.name.clone(),
+        files: vec![],
+        cur: None,
+        off: 0,
+    };
     let mut inits = Vec::new();
     for i in &g.initializers {
         let dims: Vec<i64> = i.ty.shape.iter().map(|&d| d as i64).collect();
-        let mut t = TensorProto { dims, name: i.name.clone(), ..Default::default() };
+        let mut t = TensorProto {
+            dims,
+            name: i.name.clone(),
+            ..Default::default()
+        };
         match &i.source {
             InitSource::I64(v) => {
                 t.data_type = 7;
@@ -146,7 +206,9 @@ pub fn write_onnx(ck: &Checkpoint, g: &Graph, dir: &Path, o: &ExportOptions) -> 
                 };
                 let b: Vec<u8> = if o.f16_weights {
                     t.data_type = 10;
-                    v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect()
+                    v.iter()
+                        .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                        .collect()
                 } else {
                     t.data_type = 1;
                     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -172,9 +234,14 @@ pub fn write_onnx(ck: &Checkpoint, g: &Graph, dir: &Path, o: &ExportOptions) -> 
                 konst("axes", axes, &mut inputs);
                 attrs.push(attr_i("keepdims", *keepdims as i64));
             }
-            Op::Softmax { axis } | Op::Concat { axis } | Op::Gather { axis } => attrs.push(attr_i("axis", *axis)),
+            Op::Softmax { axis } | Op::Concat { axis } | Op::Gather { axis } => {
+                attrs.push(attr_i("axis", *axis))
+            }
             Op::Reshape { shape } => konst("shape", shape, &mut inputs),
-            Op::Transpose { perm } => attrs.push(attr_ints("perm", &perm.iter().map(|&p| p as i64).collect::<Vec<_>>())),
+            Op::Transpose { perm } => attrs.push(attr_ints(
+                "perm",
+                &perm.iter().map(|&p| p as i64).collect::<Vec<_>>(),
+            )),
             Op::Slice { starts, ends, axes } => {
                 konst("starts", starts, &mut inputs);
                 konst("ends", ends, &mut inputs);
@@ -185,7 +252,14 @@ pub fn write_onnx(ck: &Checkpoint, g: &Graph, dir: &Path, o: &ExportOptions) -> 
             Op::Unsqueeze { axes } => konst("axes", axes, &mut inputs),
             _ => {}
         }
-        nodes.push(NodeProto { input: inputs, output: n.outputs.clone(), name: n.name.clone(), op_type: n.op.onnx_name().into(), attribute: attrs, domain: String::new() });
+        nodes.push(NodeProto {
+            input: inputs,
+            output: n.outputs.clone(),
+            name: n.name.clone(),
+            op_type: n.op.onnx_name().into(),
+            attribute: attrs,
+            domain: String::new(),
+        });
     }
     let files = data.finish()?;
     let graph = GraphProto {
@@ -193,8 +267,16 @@ pub fn write_onnx(ck: &Checkpoint, g: &Graph, dir: &Path, o: &ExportOptions) -> 
         name: g.name.clone(),
         initializer: inits,
         doc_string: format!("hexq {} graph; I/O contract in docs/io-contract.md", g.name),
-        input: g.inputs.iter().map(|v| vinfo(&v.name, v.ty.dtype, &v.ty.shape, &v.doc)).collect(),
-        output: g.outputs.iter().map(|v| vinfo(&v.name, v.ty.dtype, &v.ty.shape, &v.doc)).collect(),
+        input: g
+            .inputs
+            .iter()
+            .map(|v| vinfo(&v.name, v.ty.dtype, &v.ty.shape, &v.doc))
+            .collect(),
+        output: g
+            .outputs
+            .iter()
+            .map(|v| vinfo(&v.name, v.ty.dtype, &v.ty.shape, &v.doc))
+            .collect(),
         value_info: vec![],
     };
     let model = ModelProto {
@@ -203,8 +285,14 @@ pub fn write_onnx(ck: &Checkpoint, g: &Graph, dir: &Path, o: &ExportOptions) -> 
         producer_version: env!("CARGO_PKG_VERSION").into(),
         doc_string: String::new(),
         graph: Some(graph),
-        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: OPSET }],
-        metadata_props: vec![StringStringEntryProto { key: "hexq.graph_sha256".into(), value: g.content_hash() }],
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: OPSET,
+        }],
+        metadata_props: vec![StringStringEntryProto {
+            key: "hexq.graph_sha256".into(),
+            value: g.content_hash(),
+        }],
     };
     let p = dir.join(format!("{}.onnx", g.name));
     std::fs::write(&p, model.encode_to_vec()).map_err(|e| Error::io(&p, e))?;

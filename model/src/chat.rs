@@ -25,7 +25,10 @@ pub struct Message {
 
 impl Message {
     pub fn user(s: &str) -> Self {
-        Message { role: "user".into(), content: s.into() }
+        Message {
+            role: "user".into(),
+            content: s.into(),
+        }
     }
 }
 
@@ -44,10 +47,15 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         if !path.exists() {
-            return Err(Error::Tokenizer { path, msg: "not found".into() });
+            return Err(Error::Tokenizer {
+                path,
+                msg: "not found".into(),
+            });
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| Error::Tokenizer { path: path.clone(), msg: e.to_string() })?;
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| Error::Tokenizer {
+            path: path.clone(),
+            msg: e.to_string(),
+        })?;
         let mut template = None;
         let mut bos_token = "<bos>".to_string();
         let mut eos_token = "<eos>".to_string();
@@ -58,13 +66,20 @@ impl Tokenizer {
         let tc = dir.join("tokenizer_config.json");
         if tc.exists() {
             let text = std::fs::read_to_string(&tc).map_err(|e| Error::io(&tc, e))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| Error::file(&tc, format!("invalid JSON: {e}")))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::file(&tc, format!("invalid JSON: {e}")))?;
             if template.is_none() {
-                template = v.get("chat_template").and_then(|t| t.as_str()).map(str::to_string);
+                template = v
+                    .get("chat_template")
+                    .and_then(|t| t.as_str())
+                    .map(str::to_string);
             }
             let tokstr = |k: &str| {
-                v.get(k).and_then(|t| t.as_str().map(str::to_string).or_else(|| t.get("content")?.as_str().map(str::to_string)))
+                v.get(k).and_then(|t| {
+                    t.as_str()
+                        .map(str::to_string)
+                        .or_else(|| t.get("content")?.as_str().map(str::to_string))
+                })
             };
             if let Some(b) = tokstr("bos_token") {
                 bos_token = b;
@@ -73,7 +88,13 @@ impl Tokenizer {
                 eos_token = e;
             }
         }
-        Ok(Tokenizer { path, inner, template, bos_token, eos_token })
+        Ok(Tokenizer {
+            path,
+            inner,
+            template,
+            bos_token,
+            eos_token,
+        })
     }
 
     pub fn has_checkpoint_template(&self) -> bool {
@@ -85,14 +106,20 @@ impl Tokenizer {
         let e = self
             .inner
             .encode(text, false)
-            .map_err(|e| Error::Tokenizer { path: self.path.clone(), msg: e.to_string() })?;
+            .map_err(|e| Error::Tokenizer {
+                path: self.path.clone(),
+                msg: e.to_string(),
+            })?;
         Ok(e.get_ids().to_vec())
     }
 
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         self.inner
             .decode(ids, skip_special)
-            .map_err(|e| Error::Tokenizer { path: self.path.clone(), msg: e.to_string() })
+            .map_err(|e| Error::Tokenizer {
+                path: self.path.clone(),
+                msg: e.to_string(),
+            })
     }
 
     pub fn token_to_id(&self, t: &str) -> Option<u32> {
@@ -111,10 +138,19 @@ impl Tokenizer {
         env.set_lstrip_blocks(true);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
-        let terr = |e: minijinja::Error| Error::Tokenizer { path: self.path.clone(), msg: format!("chat template: {e:#}") };
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
+        let terr = |e: minijinja::Error| Error::Tokenizer {
+            path: self.path.clone(),
+            msg: format!("chat template: {e:#}"),
+        };
         env.add_template("chat", src).map_err(terr)?;
         let tmpl = env.get_template("chat").map_err(terr)?;
         tmpl.render(minijinja::context! {

@@ -24,7 +24,11 @@ impl Checkpoint {
         let store = SafetensorsStore::open_dir(dir)?;
         let mut tensors = Vec::new();
         for spec in expected_tensors(&config) {
-            let full = if spec.role == Role::LmHead { LM_HEAD.to_string() } else { format!("{}{}", config.prefix, spec.name) };
+            let full = if spec.role == Role::LmHead {
+                LM_HEAD.to_string()
+            } else {
+                format!("{}{}", config.prefix, spec.name)
+            };
             let info = store.get(&full).ok_or_else(|| {
                 let where_ = if store.files.len() == 1 {
                     store.files[0].clone()
@@ -37,12 +41,20 @@ impl Checkpoint {
                 return Err(Error::tensor(
                     store.file_of(info),
                     &full,
-                    format!("shape {:?}, config.json implies {:?}", info.shape, spec.shape),
+                    format!(
+                        "shape {:?}, config.json implies {:?}",
+                        info.shape, spec.shape
+                    ),
                 ));
             }
             tensors.push((spec, info.clone()));
         }
-        Ok(Checkpoint { dir: dir.to_path_buf(), config, store, tensors })
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            config,
+            store,
+            tensors,
+        })
     }
 
     /// Location of a decoder tensor by its prefix-relative name (`layers.0.mlp.up_proj.weight`).
@@ -51,7 +63,12 @@ impl Checkpoint {
             .iter()
             .find(|(s, _)| s.name == name)
             .map(|(_, i)| i)
-            .ok_or_else(|| Error::Msg(format!("{}: decoder has no tensor {name:?}", self.dir.display())))
+            .ok_or_else(|| {
+                Error::Msg(format!(
+                    "{}: decoder has no tensor {name:?}",
+                    self.dir.display()
+                ))
+            })
     }
 
     pub fn f32(&self, name: &str) -> Result<Vec<f32>> {

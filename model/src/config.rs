@@ -137,8 +137,8 @@ impl ModelConfig {
     /// Read and validate `config.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let raw: Value =
-            serde_json::from_str(&text).map_err(|e| Error::file(path, format!("invalid JSON: {e}")))?;
+        let raw: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::file(path, format!("invalid JSON: {e}")))?;
         Self::from_value(raw, path)
     }
 
@@ -152,15 +152,30 @@ impl ModelConfig {
             Some(tc) => (Layout::Multimodal, tc.clone()),
             None => (Layout::CausalLm, raw.clone()),
         };
-        let model_type = get(&tc, "model_type").and_then(|v| v.as_str()).unwrap_or("");
-        let top_type = get(&raw, "model_type").and_then(|v| v.as_str()).unwrap_or("");
+        let model_type = get(&tc, "model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        let top_type = get(&raw, "model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
         if !(model_type == "gemma4_text" || model_type == "gemma4" || top_type == "gemma4") {
             return Err(cerr(
                 "model_type",
-                format!("expected gemma4 / gemma4_text, found {:?}", if model_type.is_empty() { top_type } else { model_type }),
+                format!(
+                    "expected gemma4 / gemma4_text, found {:?}",
+                    if model_type.is_empty() {
+                        top_type
+                    } else {
+                        model_type
+                    }
+                ),
             ));
         }
-        let fpre = if layout == Layout::Multimodal { "text_config." } else { "" };
+        let fpre = if layout == Layout::Multimodal {
+            "text_config."
+        } else {
+            ""
+        };
         let name = |k: &str| format!("{fpre}{k}");
         let usize_req = |k: &str| -> Result<usize> {
             get(&tc, k)
@@ -172,35 +187,56 @@ impl ModelConfig {
         let usize_or = |k: &str, d: usize| -> Result<usize> {
             match get(&tc, k) {
                 None => Ok(d),
-                Some(v) => v.as_u64().map(|u| u as usize).ok_or_else(|| cerr(&name(k), "not a non-negative integer".into())),
+                Some(v) => v
+                    .as_u64()
+                    .map(|u| u as usize)
+                    .ok_or_else(|| cerr(&name(k), "not a non-negative integer".into())),
             }
         };
         let f64_or = |k: &str, d: f64| -> Result<f64> {
             match get(&tc, k) {
                 None => Ok(d),
-                Some(v) => v.as_f64().ok_or_else(|| cerr(&name(k), "not a number".into())),
+                Some(v) => v
+                    .as_f64()
+                    .ok_or_else(|| cerr(&name(k), "not a number".into())),
             }
         };
         let bool_or = |k: &str, d: bool| -> Result<bool> {
             match get(&tc, k) {
                 None => Ok(d),
-                Some(v) => v.as_bool().ok_or_else(|| cerr(&name(k), "not a boolean".into())),
+                Some(v) => v
+                    .as_bool()
+                    .ok_or_else(|| cerr(&name(k), "not a boolean".into())),
             }
         };
 
         // Features hexq does not run: refuse by field name rather than compute something else.
         if bool_or("enable_moe_block", false)? {
-            return Err(cerr(&name("enable_moe_block"), "MoE Gemma-4 variants are not supported".into()));
+            return Err(cerr(
+                &name("enable_moe_block"),
+                "MoE Gemma-4 variants are not supported".into(),
+            ));
         }
         if bool_or("attention_bias", false)? {
-            return Err(cerr(&name("attention_bias"), "attention biases are not supported (Gemma-4 has none)".into()));
+            return Err(cerr(
+                &name("attention_bias"),
+                "attention biases are not supported (Gemma-4 has none)".into(),
+            ));
         }
         if let Some(b) = get(&tc, "use_bidirectional_attention") {
-            return Err(cerr(&name("use_bidirectional_attention"), format!("{b} is not supported: hexq runs the causal decoder")));
+            return Err(cerr(
+                &name("use_bidirectional_attention"),
+                format!("{b} is not supported: hexq runs the causal decoder"),
+            ));
         }
-        let act = get(&tc, "hidden_activation").and_then(|v| v.as_str()).unwrap_or("gelu_pytorch_tanh");
+        let act = get(&tc, "hidden_activation")
+            .and_then(|v| v.as_str())
+            .unwrap_or("gelu_pytorch_tanh");
         if act != "gelu_pytorch_tanh" {
-            return Err(cerr(&name("hidden_activation"), format!("{act:?} is not supported (expected gelu_pytorch_tanh)")));
+            return Err(cerr(
+                &name("hidden_activation"),
+                format!("{act:?} is not supported (expected gelu_pytorch_tanh)"),
+            ));
         }
 
         let hidden_size = usize_req("hidden_size")?;
@@ -216,36 +252,67 @@ impl ModelConfig {
         let k_eq_v = bool_or("attention_k_eq_v", false)?;
         let ple_dim = usize_or("hidden_size_per_layer_input", 256)?;
         let ple_vocab = usize_or("vocab_size_per_layer_input", 262_144)?;
-        if num_layers == 0 || hidden_size == 0 || num_heads == 0 || num_kv_heads == 0 || head_dim == 0 {
-            return Err(cerr(&name("num_hidden_layers"), "dimensions must be positive".into()));
+        if num_layers == 0
+            || hidden_size == 0
+            || num_heads == 0
+            || num_kv_heads == 0
+            || head_dim == 0
+        {
+            return Err(cerr(
+                &name("num_hidden_layers"),
+                "dimensions must be positive".into(),
+            ));
         }
         if num_heads % num_kv_heads != 0 {
-            return Err(cerr(&name("num_key_value_heads"), format!("{num_kv_heads} does not divide num_attention_heads {num_heads}")));
+            return Err(cerr(
+                &name("num_key_value_heads"),
+                format!("{num_kv_heads} does not divide num_attention_heads {num_heads}"),
+            ));
         }
         if num_kv_shared_layers >= num_layers {
-            return Err(cerr(&name("num_kv_shared_layers"), format!("{num_kv_shared_layers} >= num_hidden_layers {num_layers}")));
+            return Err(cerr(
+                &name("num_kv_shared_layers"),
+                format!("{num_kv_shared_layers} >= num_hidden_layers {num_layers}"),
+            ));
         }
         let softcap = match get(&tc, "final_logit_softcapping") {
             None => None,
-            Some(v) => Some(v.as_f64().ok_or_else(|| cerr(&name("final_logit_softcapping"), "not a number".into()))?),
+            Some(v) => Some(
+                v.as_f64()
+                    .ok_or_else(|| cerr(&name("final_logit_softcapping"), "not a number".into()))?,
+            ),
         };
 
         // layer_types: default 5 sliding : 1 full; the last layer is forced full (as transformers does).
         let mut kinds: Vec<AttnKind> = match get(&tc, "layer_types") {
             None => (0..num_layers)
-                .map(|i| if (i + 1) % 6 == 0 { AttnKind::Full } else { AttnKind::Sliding })
+                .map(|i| {
+                    if (i + 1) % 6 == 0 {
+                        AttnKind::Full
+                    } else {
+                        AttnKind::Sliding
+                    }
+                })
                 .collect(),
             Some(v) => {
-                let a = v.as_array().ok_or_else(|| cerr(&name("layer_types"), "not a list".into()))?;
+                let a = v
+                    .as_array()
+                    .ok_or_else(|| cerr(&name("layer_types"), "not a list".into()))?;
                 if a.len() != num_layers {
-                    return Err(cerr(&name("layer_types"), format!("has {} entries, num_hidden_layers is {num_layers}", a.len())));
+                    return Err(cerr(
+                        &name("layer_types"),
+                        format!("has {} entries, num_hidden_layers is {num_layers}", a.len()),
+                    ));
                 }
                 a.iter()
                     .enumerate()
                     .map(|(i, t)| match t.as_str() {
                         Some("sliding_attention") => Ok(AttnKind::Sliding),
                         Some("full_attention") => Ok(AttnKind::Full),
-                        _ => Err(cerr(&format!("{}[{i}]", name("layer_types")), format!("unknown layer type {t}"))),
+                        _ => Err(cerr(
+                            &format!("{}[{i}]", name("layer_types")),
+                            format!("unknown layer type {t}"),
+                        )),
                     })
                     .collect::<Result<_>>()?
             }
@@ -254,28 +321,45 @@ impl ModelConfig {
 
         // Full layers' head_dim / kv heads: per_layer_config (5.23 on disk) or global_head_dim (kwarg form).
         let global_head_dim = usize_or("global_head_dim", 512)?;
-        let num_global_kv = match get(&tc, "num_global_key_value_heads") {
-            None => None,
-            Some(v) => Some(v.as_u64().ok_or_else(|| cerr(&name("num_global_key_value_heads"), "not an integer".into()))? as usize),
-        };
+        let num_global_kv =
+            match get(&tc, "num_global_key_value_heads") {
+                None => None,
+                Some(v) => Some(v.as_u64().ok_or_else(|| {
+                    cerr(&name("num_global_key_value_heads"), "not an integer".into())
+                })? as usize),
+            };
         let mut layer_hd = vec![head_dim; num_layers];
         let mut layer_kvh = vec![num_kv_heads; num_layers];
         match get(&tc, "per_layer_config") {
             Some(plc) => {
-                let o = plc.as_object().ok_or_else(|| cerr(&name("per_layer_config"), "not an object".into()))?;
+                let o = plc
+                    .as_object()
+                    .ok_or_else(|| cerr(&name("per_layer_config"), "not an object".into()))?;
                 for (k, v) in o {
                     let f = format!("{}.{k}", name("per_layer_config"));
-                    let i: usize = k.parse().map_err(|_| cerr(&f, "key is not a layer index".into()))?;
+                    let i: usize = k
+                        .parse()
+                        .map_err(|_| cerr(&f, "key is not a layer index".into()))?;
                     if i >= num_layers {
-                        return Err(cerr(&f, format!("layer index {i} >= num_hidden_layers {num_layers}")));
+                        return Err(cerr(
+                            &f,
+                            format!("layer index {i} >= num_hidden_layers {num_layers}"),
+                        ));
                     }
-                    let vo = v.as_object().ok_or_else(|| cerr(&f, "not an object".into()))?;
+                    let vo = v
+                        .as_object()
+                        .ok_or_else(|| cerr(&f, "not an object".into()))?;
                     for (kk, vv) in vo {
                         let n = vv.as_u64().map(|u| u as usize);
                         match (kk.as_str(), n) {
                             ("head_dim", Some(n)) => layer_hd[i] = n,
                             ("num_key_value_heads", Some(n)) => layer_kvh[i] = n,
-                            _ => return Err(cerr(&format!("{f}.{kk}"), format!("unsupported per-layer override {vv}"))),
+                            _ => {
+                                return Err(cerr(
+                                    &format!("{f}.{kk}"),
+                                    format!("unsupported per-layer override {vv}"),
+                                ))
+                            }
                         }
                     }
                 }
@@ -295,7 +379,13 @@ impl ModelConfig {
         }
         for i in 0..num_layers {
             if layer_kvh[i] == 0 || num_heads % layer_kvh[i] != 0 {
-                return Err(cerr(&name("per_layer_config"), format!("layer {i}: {} KV heads do not divide {num_heads} query heads", layer_kvh[i])));
+                return Err(cerr(
+                    &name("per_layer_config"),
+                    format!(
+                        "layer {i}: {} KV heads do not divide {num_heads} query heads",
+                        layer_kvh[i]
+                    ),
+                ));
             }
         }
 
@@ -309,9 +399,16 @@ impl ModelConfig {
             let f = format!("{}.{}", name("rope_parameters"), kind.name());
             let (rt, theta, prf, factor) = match rp.and_then(|r| get(r, kind.name())) {
                 Some(o) => (
-                    get(o, "rope_type").and_then(|v| v.as_str()).unwrap_or("default").to_string(),
-                    get(o, "rope_theta").and_then(|v| v.as_f64()).ok_or_else(|| cerr(&f, "missing rope_theta".into()))?,
-                    get(o, "partial_rotary_factor").and_then(|v| v.as_f64()).unwrap_or(1.0),
+                    get(o, "rope_type")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("default")
+                        .to_string(),
+                    get(o, "rope_theta")
+                        .and_then(|v| v.as_f64())
+                        .ok_or_else(|| cerr(&f, "missing rope_theta".into()))?,
+                    get(o, "partial_rotary_factor")
+                        .and_then(|v| v.as_f64())
+                        .unwrap_or(1.0),
                     get(o, "factor").and_then(|v| v.as_f64()).unwrap_or(1.0),
                 ),
                 None if rp.is_some() => return Err(cerr(&f, "missing".into())),
@@ -320,18 +417,36 @@ impl ModelConfig {
                     AttnKind::Full => ("proportional".into(), 1_000_000.0, 0.25, 1.0),
                 },
             };
-            let hd = (0..num_layers).find(|&i| kinds[i] == kind).map(|i| layer_hd[i]).unwrap();
+            let hd = (0..num_layers)
+                .find(|&i| kinds[i] == kind)
+                .map(|i| layer_hd[i])
+                .unwrap();
             if (0..num_layers).any(|i| kinds[i] == kind && layer_hd[i] != hd) {
-                return Err(cerr(&name("per_layer_config"), format!("{} layers disagree on head_dim", kind.name())));
+                return Err(cerr(
+                    &name("per_layer_config"),
+                    format!("{} layers disagree on head_dim", kind.name()),
+                ));
             }
             let rotated = match rt.as_str() {
                 "default" => hd / 2,
                 "proportional" => ((prf * hd as f64) as usize / 2).min(hd / 2),
-                other => return Err(cerr(&format!("{f}.rope_type"), format!("{other:?} is not supported (default, proportional)"))),
+                other => {
+                    return Err(cerr(
+                        &format!("{f}.rope_type"),
+                        format!("{other:?} is not supported (default, proportional)"),
+                    ))
+                }
             };
             rope.insert(
                 kind.name().to_string(),
-                RopeSpec { rope_type: rt, theta, partial_rotary_factor: prf, factor, head_dim: hd, rotated },
+                RopeSpec {
+                    rope_type: rt,
+                    theta,
+                    partial_rotary_factor: prf,
+                    factor,
+                    head_dim: hd,
+                    rotated,
+                },
             );
         }
 
@@ -345,9 +460,18 @@ impl ModelConfig {
                 if !kinds.contains(&kind) {
                     continue;
                 }
-                let s = (0..first_shared).rev().find(|&i| kinds[i] == kind).ok_or_else(|| {
-                    cerr(&name("num_kv_shared_layers"), format!("no non-shared {} layer to provide the shared KV", kind.name()))
-                })?;
+                let s = (0..first_shared)
+                    .rev()
+                    .find(|&i| kinds[i] == kind)
+                    .ok_or_else(|| {
+                        cerr(
+                            &name("num_kv_shared_layers"),
+                            format!(
+                                "no non-shared {} layer to provide the shared KV",
+                                kind.name()
+                            ),
+                        )
+                    })?;
                 modes[s] = KvMode::Store;
                 store_of.insert(kind, s);
             }
@@ -362,25 +486,49 @@ impl ModelConfig {
                 index: i,
                 kind: kinds[i],
                 head_dim: layer_hd[i],
-                num_kv_heads: if modes[i] == KvMode::Reuse { layer_kvh[source[i]] } else { layer_kvh[i] },
+                num_kv_heads: if modes[i] == KvMode::Reuse {
+                    layer_kvh[source[i]]
+                } else {
+                    layer_kvh[i]
+                },
                 kv_mode: modes[i],
                 kv_source: source[i],
                 k_eq_v: k_eq_v && kinds[i] == AttnKind::Full,
-                mlp_width: intermediate_size * if double_wide && modes[i] == KvMode::Reuse { 2 } else { 1 },
+                mlp_width: intermediate_size
+                    * if double_wide && modes[i] == KvMode::Reuse {
+                        2
+                    } else {
+                        1
+                    },
                 window: (kinds[i] == AttnKind::Sliding).then_some(sliding_window),
             })
             .collect();
 
         let eos_token_ids = match get(&tc, "eos_token_id") {
             None => vec![1],
-            Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_u64().map(|u| u as u32)).collect(),
-            Some(v) => vec![v.as_u64().ok_or_else(|| cerr(&name("eos_token_id"), "not an integer".into()))? as u32],
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|v| v.as_u64().map(|u| u as u32))
+                .collect(),
+            Some(v) => vec![v
+                .as_u64()
+                .ok_or_else(|| cerr(&name("eos_token_id"), "not an integer".into()))?
+                as u32],
         };
-        let tie = bool_or("tie_word_embeddings", get(&raw, "tie_word_embeddings").and_then(|v| v.as_bool()).unwrap_or(true))?;
+        let tie = bool_or(
+            "tie_word_embeddings",
+            get(&raw, "tie_word_embeddings")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(true),
+        )?;
 
         Ok(ModelConfig {
             layout,
-            prefix: if layout == Layout::Multimodal { "model.language_model.".into() } else { "model.".into() },
+            prefix: if layout == Layout::Multimodal {
+                "model.language_model.".into()
+            } else {
+                "model.".into()
+            },
             vocab_size,
             hidden_size,
             intermediate_size,

@@ -7,11 +7,22 @@ pub enum Error {
     #[error("{path}: {msg}")]
     File { path: PathBuf, msg: String },
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: config field `{field}`: {msg}")]
-    Config { path: PathBuf, field: String, msg: String },
+    Config {
+        path: PathBuf,
+        field: String,
+        msg: String,
+    },
     #[error("{path}: tensor `{tensor}`: {msg}")]
-    Tensor { path: PathBuf, tensor: String, msg: String },
+    Tensor {
+        path: PathBuf,
+        tensor: String,
+        msg: String,
+    },
     #[error("tokenizer {path}: {msg}")]
     Tokenizer { path: PathBuf, msg: String },
     #[error("{0}")]
@@ -22,16 +33,30 @@ pub enum Error {
 
 impl Error {
     pub fn file(p: &Path, msg: impl Into<String>) -> Self {
-        Error::File { path: p.to_path_buf(), msg: msg.into() }
+        Error::File {
+            path: p.to_path_buf(),
+            msg: msg.into(),
+        }
     }
     pub fn io(p: &Path, e: std::io::Error) -> Self {
-        Error::Io { path: p.to_path_buf(), source: e }
+        Error::Io {
+            path: p.to_path_buf(),
+            source: e,
+        }
     }
     pub fn config(p: &Path, field: &str, msg: impl Into<String>) -> Self {
-        Error::Config { path: p.to_path_buf(), field: field.into(), msg: msg.into() }
+        Error::Config {
+            path: p.to_path_buf(),
+            field: field.into(),
+            msg: msg.into(),
+        }
     }
     pub fn tensor(p: &Path, t: &str, msg: impl Into<String>) -> Self {
-        Error::Tensor { path: p.to_path_buf(), tensor: t.into(), msg: msg.into() }
+        Error::Tensor {
+            path: p.to_path_buf(),
+            tensor: t.into(),
+            msg: msg.into(),
+        }
     }
 }
 

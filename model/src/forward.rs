@@ -43,7 +43,10 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(num_layers: usize) -> Self {
-        KvCache { kv: vec![None; num_layers], len: 0 }
+        KvCache {
+            kv: vec![None; num_layers],
+            len: 0,
+        }
     }
 }
 
@@ -65,17 +68,35 @@ impl Host {
     pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self> {
         let dev = Device::Cpu;
         let cfg = ckpt.config.clone();
-        let head_name = if cfg.tie_word_embeddings { names::EMBED } else { names::LM_HEAD };
+        let head_name = if cfg.tie_word_embeddings {
+            names::EMBED
+        } else {
+            names::LM_HEAD
+        };
         let hi = ckpt.info(head_name)?;
         let head = Tensor::from_vec(ckpt.store.to_f32(hi), hi.shape.as_slice(), &dev)?;
         let embed_dt = ckpt.info(names::EMBED)?.dtype;
-        let ple_dt = if cfg.ple_dim > 0 { ckpt.info(names::EMBED_PLE)?.dtype } else { embed_dt };
-        Ok(Host { embed_scale: cfg.embed_scale(embed_dt), ple_scale: cfg.ple_embed_scale(ple_dt), head, cfg, dev, ckpt })
+        let ple_dt = if cfg.ple_dim > 0 {
+            ckpt.info(names::EMBED_PLE)?.dtype
+        } else {
+            embed_dt
+        };
+        Ok(Host {
+            embed_scale: cfg.embed_scale(embed_dt),
+            ple_scale: cfg.ple_embed_scale(ple_dt),
+            head,
+            cfg,
+            dev,
+            ckpt,
+        })
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<()> {
         if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.cfg.vocab_size) {
-            return Err(crate::Error::Msg(format!("token id {bad} out of range (vocab_size {})", self.cfg.vocab_size)));
+            return Err(crate::Error::Msg(format!(
+                "token id {bad} out of range (vocab_size {})",
+                self.cfg.vocab_size
+            )));
         }
         Ok(())
     }
@@ -87,7 +108,13 @@ impl Host {
         let h = self.cfg.hidden_size;
         let mut out = Vec::with_capacity(ids.len() * h);
         for &id in ids {
-            out.extend(self.ckpt.store.rows_f32(info, id as usize, id as usize + 1).iter().map(|v| v * self.embed_scale));
+            out.extend(
+                self.ckpt
+                    .store
+                    .rows_f32(info, id as usize, id as usize + 1)
+                    .iter()
+                    .map(|v| v * self.embed_scale),
+            );
         }
         Ok(Tensor::from_vec(out, (ids.len(), h), &self.dev)?)
     }
@@ -104,9 +131,18 @@ impl Host {
         for &id in ids {
             let id = id as usize;
             if id >= self.cfg.ple_vocab {
-                return Err(crate::Error::Msg(format!("token id {id} out of range (vocab_size_per_layer_input {})", self.cfg.ple_vocab)));
+                return Err(crate::Error::Msg(format!(
+                    "token id {id} out of range (vocab_size_per_layer_input {})",
+                    self.cfg.ple_vocab
+                )));
             }
-            out.extend(self.ckpt.store.rows_f32(info, id, id + 1).iter().map(|v| v * self.ple_scale));
+            out.extend(
+                self.ckpt
+                    .store
+                    .rows_f32(info, id, id + 1)
+                    .iter()
+                    .map(|v| v * self.ple_scale),
+            );
         }
         Ok(Some(Tensor::from_vec(out, (ids.len(), l, p), &self.dev)?))
     }
@@ -167,9 +203,19 @@ impl Model {
         let cfg = ckpt.config.clone();
         let t = |name: &str| -> Result<Tensor> {
             let info = ckpt.info(name)?;
-            Ok(Tensor::from_vec(ckpt.store.to_f32(info), info.shape.as_slice(), &dev)?)
+            Ok(Tensor::from_vec(
+                ckpt.store.to_f32(info),
+                info.shape.as_slice(),
+                &dev,
+            )?)
         };
-        let opt = |name: &str, cond: bool| -> Result<Option<Tensor>> { if cond { t(name).map(Some) } else { Ok(None) } };
+        let opt = |name: &str, cond: bool| -> Result<Option<Tensor>> {
+            if cond {
+                t(name).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
         let ple = cfg.ple_dim > 0;
         let mut layers = Vec::new();
         for l in &cfg.layers {
@@ -196,7 +242,11 @@ impl Model {
                 scalar: ckpt.f32(&layer(i, "layer_scalar"))?[0],
             });
         }
-        let inv_freq = cfg.rope.iter().map(|(k, r)| (k.clone(), r.inv_freq())).collect();
+        let inv_freq = cfg
+            .rope
+            .iter()
+            .map(|(k, r)| (k.clone(), r.inv_freq()))
+            .collect();
         Ok(Model {
             ple_model_proj: opt(names::PLE_PROJ, ple)?,
             ple_proj_norm: opt(names::PLE_PROJ_NORM, ple)?,
@@ -239,10 +289,19 @@ impl Model {
                 }
             }
         }
-        Ok((Tensor::from_vec(cos, (s, 2 * half), &self.dev)?, Tensor::from_vec(sin, (s, 2 * half), &self.dev)?))
+        Ok((
+            Tensor::from_vec(cos, (s, 2 * half), &self.dev)?,
+            Tensor::from_vec(sin, (s, 2 * half), &self.dev)?,
+        ))
     }
 
-    fn mask(&self, window: Option<usize>, pos0: usize, s: usize, t: usize) -> candle_core::Result<Tensor> {
+    fn mask(
+        &self,
+        window: Option<usize>,
+        pos0: usize,
+        s: usize,
+        t: usize,
+    ) -> candle_core::Result<Tensor> {
         let mut m = vec![0f32; s * t];
         for qi in 0..s {
             let q = pos0 + qi;
@@ -258,7 +317,13 @@ impl Model {
 
     /// Device trunk: scaled embeddings [S, H] (+ PLE lookups [S, L, P]) at positions cache.len.. → final-normed
     /// hidden states [S, H]. Appends K/V to `cache`. With `trace`, records every layer's output.
-    pub fn trunk(&self, h0: &Tensor, ple_tok: Option<&Tensor>, cache: &mut KvCache, mut trace: Option<&mut Trace>) -> Result<Tensor> {
+    pub fn trunk(
+        &self,
+        h0: &Tensor,
+        ple_tok: Option<&Tensor>,
+        cache: &mut KvCache,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<Tensor> {
         let c = &self.cfg;
         let s = h0.dim(0)?;
         let pos0 = cache.len;
@@ -269,11 +334,19 @@ impl Model {
         // PLE: context projection of the scaled embedding, normed, combined with the token part.
         let ple = match (&self.ple_model_proj, ple_tok) {
             (Some(w), Some(tok)) => {
-                let proj = (mm_t(h0, w)? * (c.hidden_size as f64).powf(-0.5))?.reshape((s, c.num_layers, c.ple_dim))?;
+                let proj = (mm_t(h0, w)? * (c.hidden_size as f64).powf(-0.5))?.reshape((
+                    s,
+                    c.num_layers,
+                    c.ple_dim,
+                ))?;
                 let proj = rms_norm(&proj, self.ple_proj_norm.as_ref(), eps)?;
                 Some(((proj + tok)? * 2f64.powf(-0.5))?)
             }
-            (Some(_), None) => return Err(crate::Error::Msg("model has per-layer embeddings: trunk needs ple_tok".into())),
+            (Some(_), None) => {
+                return Err(crate::Error::Msg(
+                    "model has per-layer embeddings: trunk needs ple_tok".into(),
+                ))
+            }
             _ => None,
         };
         let mut ropes = std::collections::BTreeMap::new();
@@ -281,7 +354,11 @@ impl Model {
         for k in [AttnKind::Sliding, AttnKind::Full] {
             if c.rope.contains_key(k.name()) {
                 ropes.insert(k, self.rope(k, pos0, s)?);
-                let w = if k == AttnKind::Sliding { Some(c.sliding_window) } else { None };
+                let w = if k == AttnKind::Sliding {
+                    Some(c.sliding_window)
+                } else {
+                    None
+                };
                 masks.insert(k, self.mask(w, pos0, s, pos0 + s)?);
             }
         }
@@ -301,7 +378,9 @@ impl Model {
             // Attention block.
             let x = rms_norm(&h, Some(&lw.input_ln), eps)?;
             let q = mm_t(&x, &lw.q)?.reshape((s, hq, d))?;
-            let q = rms_norm(&q, Some(&lw.q_norm), eps)?.transpose(0, 1)?.contiguous()?;
+            let q = rms_norm(&q, Some(&lw.q_norm), eps)?
+                .transpose(0, 1)?
+                .contiguous()?;
             let q = apply_rope(&q)?;
             if l.kv_mode != KvMode::Reuse {
                 let hkv = l.num_kv_heads;
@@ -310,7 +389,9 @@ impl Model {
                     Some(v) => mm_t(&x, v)?.reshape((s, hkv, d))?,
                     None => kraw.clone(),
                 };
-                let k = rms_norm(&kraw, lw.k_norm.as_ref(), eps)?.transpose(0, 1)?.contiguous()?;
+                let k = rms_norm(&kraw, lw.k_norm.as_ref(), eps)?
+                    .transpose(0, 1)?
+                    .contiguous()?;
                 let k = apply_rope(&k)?;
                 let v = rms_norm(&vraw, None, eps)?.transpose(0, 1)?.contiguous()?;
                 let slot = &mut cache.kv[l.index];
@@ -319,7 +400,9 @@ impl Model {
                     Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 1)?, Tensor::cat(&[&pv, &v], 1)?),
                 });
             }
-            let (k, v) = cache.kv[l.kv_source].as_ref().expect("KV source layer runs before its readers");
+            let (k, v) = cache.kv[l.kv_source]
+                .as_ref()
+                .expect("KV source layer runs before its readers");
             let hkv = k.dim(0)?;
             let g = hq / hkv;
             let t = k.dim(1)?;
@@ -334,7 +417,10 @@ impl Model {
             h = (h + rms_norm(&a, Some(&lw.post_attn_ln), eps)?)?;
             // MLP block.
             let x = rms_norm(&h, Some(&lw.pre_ff_ln), eps)?;
-            let m = mm_t(&(mm_t(&x, &lw.gate)?.gelu()? * mm_t(&x, &lw.up)?)?, &lw.down)?;
+            let m = mm_t(
+                &(mm_t(&x, &lw.gate)?.gelu()? * mm_t(&x, &lw.up)?)?,
+                &lw.down,
+            )?;
             h = (h + rms_norm(&m, Some(&lw.post_ff_ln), eps)?)?;
             // Per-layer input.
             if let (Some(gw), Some(pw), Some(ple)) = (&lw.ple_gate, &lw.ple_proj, &ple) {

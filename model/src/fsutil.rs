@@ -15,20 +15,33 @@ impl AtomicDir {
     /// `force`: replace an existing `dest`; otherwise an existing `dest` is an error.
     pub fn create(dest: &Path, force: bool) -> Result<Self> {
         if dest.exists() && !force {
-            return Err(Error::file(dest, "already exists (pass --force to replace it)"));
+            return Err(Error::file(
+                dest,
+                "already exists (pass --force to replace it)",
+            ));
         }
-        let name = dest.file_name().ok_or_else(|| Error::file(dest, "not a directory name"))?;
+        let name = dest
+            .file_name()
+            .ok_or_else(|| Error::file(dest, "not a directory name"))?;
         let parent = match dest.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
         std::fs::create_dir_all(&parent).map_err(|e| Error::io(&parent, e))?;
-        let tmp = parent.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+        let tmp = parent.join(format!(
+            ".{}.tmp-{}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
         }
         std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        Ok(AtomicDir { tmp, dest: dest.to_path_buf(), done: false })
+        Ok(AtomicDir {
+            tmp,
+            dest: dest.to_path_buf(),
+            done: false,
+        })
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -56,10 +69,15 @@ impl Drop for AtomicDir {
 /// Write a whole file atomically (temp file in the same directory, fsync, rename).
 pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let parent = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = dest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let tmp = parent.join(format!(
         ".{}.tmp-{}",
-        dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        dest.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         std::process::id()
     ));
     let res = (|| -> std::io::Result<()> {

@@ -26,7 +26,10 @@ pub enum Role {
 
 impl Role {
     pub fn is_vocab(self) -> bool {
-        matches!(self, Role::TokenEmbedding | Role::PleEmbedding | Role::LmHead)
+        matches!(
+            self,
+            Role::TokenEmbedding | Role::PleEmbedding | Role::LmHead
+        )
     }
 }
 
@@ -63,38 +66,123 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<TensorSpec> {
     let h = c.hidden_size;
     let mut v = Vec::new();
     let mut push = |name: String, shape: Vec<usize>, role: Role, layer: Option<usize>| {
-        v.push(TensorSpec { name, shape, role, layer })
+        v.push(TensorSpec {
+            name,
+            shape,
+            role,
+            layer,
+        })
     };
-    push(EMBED.into(), vec![c.vocab_size, h], Role::TokenEmbedding, None);
+    push(
+        EMBED.into(),
+        vec![c.vocab_size, h],
+        Role::TokenEmbedding,
+        None,
+    );
     if c.ple_dim > 0 {
         let lp = c.num_layers * c.ple_dim;
-        push(EMBED_PLE.into(), vec![c.ple_vocab, lp], Role::PleEmbedding, None);
+        push(
+            EMBED_PLE.into(),
+            vec![c.ple_vocab, lp],
+            Role::PleEmbedding,
+            None,
+        );
         push(PLE_PROJ.into(), vec![lp, h], Role::Ple, None);
         push(PLE_PROJ_NORM.into(), vec![c.ple_dim], Role::Norm, None);
     }
     for l in &c.layers {
         let i = Some(l.index);
         let (d, hq, hkv) = (l.head_dim, c.num_heads, l.num_kv_heads);
-        for n in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"] {
-            push(layer(l.index, &format!("{n}.weight")), vec![h], Role::Norm, i);
+        for n in [
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ] {
+            push(
+                layer(l.index, &format!("{n}.weight")),
+                vec![h],
+                Role::Norm,
+                i,
+            );
         }
-        push(layer(l.index, "self_attn.q_proj.weight"), vec![hq * d, h], Role::Attention, i);
-        push(layer(l.index, "self_attn.q_norm.weight"), vec![d], Role::Norm, i);
+        push(
+            layer(l.index, "self_attn.q_proj.weight"),
+            vec![hq * d, h],
+            Role::Attention,
+            i,
+        );
+        push(
+            layer(l.index, "self_attn.q_norm.weight"),
+            vec![d],
+            Role::Norm,
+            i,
+        );
         if l.kv_mode != KvMode::Reuse {
-            push(layer(l.index, "self_attn.k_proj.weight"), vec![hkv * d, h], Role::Attention, i);
+            push(
+                layer(l.index, "self_attn.k_proj.weight"),
+                vec![hkv * d, h],
+                Role::Attention,
+                i,
+            );
             if !l.k_eq_v {
-                push(layer(l.index, "self_attn.v_proj.weight"), vec![hkv * d, h], Role::Attention, i);
+                push(
+                    layer(l.index, "self_attn.v_proj.weight"),
+                    vec![hkv * d, h],
+                    Role::Attention,
+                    i,
+                );
             }
-            push(layer(l.index, "self_attn.k_norm.weight"), vec![d], Role::Norm, i);
+            push(
+                layer(l.index, "self_attn.k_norm.weight"),
+                vec![d],
+                Role::Norm,
+                i,
+            );
         }
-        push(layer(l.index, "self_attn.o_proj.weight"), vec![h, hq * d], Role::Attention, i);
-        push(layer(l.index, "mlp.gate_proj.weight"), vec![l.mlp_width, h], Role::Mlp, i);
-        push(layer(l.index, "mlp.up_proj.weight"), vec![l.mlp_width, h], Role::Mlp, i);
-        push(layer(l.index, "mlp.down_proj.weight"), vec![h, l.mlp_width], Role::Mlp, i);
+        push(
+            layer(l.index, "self_attn.o_proj.weight"),
+            vec![h, hq * d],
+            Role::Attention,
+            i,
+        );
+        push(
+            layer(l.index, "mlp.gate_proj.weight"),
+            vec![l.mlp_width, h],
+            Role::Mlp,
+            i,
+        );
+        push(
+            layer(l.index, "mlp.up_proj.weight"),
+            vec![l.mlp_width, h],
+            Role::Mlp,
+            i,
+        );
+        push(
+            layer(l.index, "mlp.down_proj.weight"),
+            vec![h, l.mlp_width],
+            Role::Mlp,
+            i,
+        );
         if c.ple_dim > 0 {
-            push(layer(l.index, "per_layer_input_gate.weight"), vec![c.ple_dim, h], Role::Ple, i);
-            push(layer(l.index, "per_layer_projection.weight"), vec![h, c.ple_dim], Role::Ple, i);
-            push(layer(l.index, "post_per_layer_input_norm.weight"), vec![h], Role::Norm, i);
+            push(
+                layer(l.index, "per_layer_input_gate.weight"),
+                vec![c.ple_dim, h],
+                Role::Ple,
+                i,
+            );
+            push(
+                layer(l.index, "per_layer_projection.weight"),
+                vec![h, c.ple_dim],
+                Role::Ple,
+                i,
+            );
+            push(
+                layer(l.index, "post_per_layer_input_norm.weight"),
+                vec![h],
+                Role::Norm,
+                i,
+            );
         }
         push(layer(l.index, "layer_scalar"), vec![1], Role::Norm, i);
     }

@@ -16,7 +16,8 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 const TOKENIZER_JSON: &str = include_str!("../../tests/fixtures/tiny-gemma4/tokenizer.json");
-const TOKENIZER_CONFIG: &str = include_str!("../../tests/fixtures/tiny-gemma4/tokenizer_config.json");
+const TOKENIZER_CONFIG: &str =
+    include_str!("../../tests/fixtures/tiny-gemma4/tokenizer_config.json");
 const CHAT_TEMPLATE: &str = include_str!("../../tests/fixtures/tiny-gemma4/chat_template.jinja");
 
 /// Elements generated per parallel work item.
@@ -33,7 +34,11 @@ pub struct SynthOptions {
 
 impl Default for SynthOptions {
     fn default() -> Self {
-        SynthOptions { seed: 0, max_shard_bytes: 4 << 30, force: false }
+        SynthOptions {
+            seed: 0,
+            max_shard_bytes: 4 << 30,
+            force: false,
+        }
     }
 }
 
@@ -55,7 +60,9 @@ fn mix(mut x: u64) -> u64 {
 fn fill_chunk(spec: &TensorSpec, seed: u64, ti: usize, ci: usize, out: &mut [u8]) {
     let mut rng = SmallRng::seed_from_u64(mix(seed ^ mix((ti as u64) << 32 | ci as u64)));
     let n = out.len() / 2;
-    let put = |out: &mut [u8], i: usize, v: f32| out[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes());
+    let put = |out: &mut [u8], i: usize, v: f32| {
+        out[2 * i..2 * i + 2].copy_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes())
+    };
     match spec.role {
         Role::Norm if spec.name.ends_with("layer_scalar") => (0..n).for_each(|i| put(out, i, 1.0)),
         Role::Norm => (0..n).for_each(|i| put(out, i, rng.random_range(0.5f32..1.5))),
@@ -73,7 +80,8 @@ fn fill_chunk(spec: &TensorSpec, seed: u64, ti: usize, ci: usize, out: &mut [u8]
 
 /// Tokenizer files for a vocabulary of `vocab` ids: the fixture's Gemma-style BPE, padded with `<unusedN>` pieces.
 pub fn tokenizer_files(vocab: usize) -> Result<Vec<(&'static str, String)>> {
-    let mut tj: serde_json::Value = serde_json::from_str(TOKENIZER_JSON).expect("embedded tokenizer.json");
+    let mut tj: serde_json::Value =
+        serde_json::from_str(TOKENIZER_JSON).expect("embedded tokenizer.json");
     let v = tj["model"]["vocab"].as_object_mut().expect("BPE vocab");
     let have = v.len();
     if vocab < have {
@@ -94,11 +102,22 @@ pub fn tokenizer_files(vocab: usize) -> Result<Vec<(&'static str, String)>> {
 }
 
 /// Write a synthetic checkpoint for the config at `config_path` into `out`.
-pub fn synth(config_path: &Path, out: &Path, opt: &SynthOptions, progress: &indicatif::ProgressBar) -> Result<SynthReport> {
+pub fn synth(
+    config_path: &Path,
+    out: &Path,
+    opt: &SynthOptions,
+    progress: &indicatif::ProgressBar,
+) -> Result<SynthReport> {
     let cfg = ModelConfig::from_file(config_path)?;
     let raw = cfg.raw.clone();
     let specs = expected_tensors(&cfg);
-    let full_name = |s: &TensorSpec| if s.role == Role::LmHead { LM_HEAD.to_string() } else { format!("{}{}", cfg.prefix, s.name) };
+    let full_name = |s: &TensorSpec| {
+        if s.role == Role::LmHead {
+            LM_HEAD.to_string()
+        } else {
+            format!("{}{}", cfg.prefix, s.name)
+        }
+    };
     let total: u64 = specs.iter().map(|s| s.numel() as u64 * 2).sum();
     progress.set_length(total);
 
@@ -116,7 +135,11 @@ pub fn synth(config_path: &Path, out: &Path, opt: &SynthOptions, progress: &indi
     }
     let nsh = shards.len();
     let shard_name = |k: usize| {
-        if nsh == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{:05}.safetensors", k + 1, nsh) }
+        if nsh == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{:05}.safetensors", k + 1, nsh)
+        }
     };
 
     let dir = AtomicDir::create(out, opt.force)?;
@@ -126,7 +149,10 @@ pub fn synth(config_path: &Path, out: &Path, opt: &SynthOptions, progress: &indi
         let path = dir.path(&shard_name(k));
         // Header first: every shape is known up front.
         let mut hdr = serde_json::Map::new();
-        hdr.insert("__metadata__".into(), serde_json::json!({"format": "pt", "hexq": "synth"}));
+        hdr.insert(
+            "__metadata__".into(),
+            serde_json::json!({"format": "pt", "hexq": "synth"}),
+        );
         let mut off = 0usize;
         for &i in members {
             let s = &specs[i];
@@ -154,27 +180,39 @@ pub fn synth(config_path: &Path, out: &Path, opt: &SynthOptions, progress: &indi
                 let c1 = (c0 + BATCH).min(nchunks);
                 let elems = (c1 * CHUNK).min(n) - c0 * CHUNK;
                 let b = &mut buf[..elems * 2];
-                b.par_chunks_mut(CHUNK * 2).enumerate().for_each(|(j, o)| fill_chunk(s, opt.seed, ti, c0 + j, o));
+                b.par_chunks_mut(CHUNK * 2)
+                    .enumerate()
+                    .for_each(|(j, o)| fill_chunk(s, opt.seed, ti, c0 + j, o));
                 w.write_all(b).map_err(io)?;
                 progress.inc(b.len() as u64);
                 c0 = c1;
             }
         }
         w.flush().map_err(io)?;
-        w.into_inner().map_err(|e| Error::io(&path, e.into_error()))?.sync_all().map_err(io)?;
+        w.into_inner()
+            .map_err(|e| Error::io(&path, e.into_error()))?
+            .sync_all()
+            .map_err(io)?;
         files.push(out.join(shard_name(k)));
     }
     if nsh > 1 {
         let idx = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
         let p = dir.path("model.safetensors.index.json");
-        std::fs::write(&p, serde_json::to_string_pretty(&idx).unwrap()).map_err(|e| Error::io(&p, e))?;
+        std::fs::write(&p, serde_json::to_string_pretty(&idx).unwrap())
+            .map_err(|e| Error::io(&p, e))?;
     }
     let p = dir.path("config.json");
-    std::fs::write(&p, serde_json::to_string_pretty(&raw).unwrap()).map_err(|e| Error::io(&p, e))?;
+    std::fs::write(&p, serde_json::to_string_pretty(&raw).unwrap())
+        .map_err(|e| Error::io(&p, e))?;
     for (name, text) in tokenizer_files(cfg.vocab_size)? {
         let p = dir.path(name);
         std::fs::write(&p, text).map_err(|e| Error::io(&p, e))?;
     }
     let dest = dir.commit()?;
-    Ok(SynthReport { dir: dest, files, tensors: specs.len(), bytes: total })
+    Ok(SynthReport {
+        dir: dest,
+        files,
+        tensors: specs.len(),
+        bytes: total,
+    })
 }

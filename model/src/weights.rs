@@ -76,9 +76,9 @@ impl SafetensorsStore {
                 .ok_or_else(|| Error::file(&index, "missing object \"weight_map\""))?;
             let mut shards: Vec<String> = Vec::new();
             for (t, f) in map {
-                let f = f
-                    .as_str()
-                    .ok_or_else(|| Error::file(&index, format!("weight_map[{t:?}] is not a file name")))?;
+                let f = f.as_str().ok_or_else(|| {
+                    Error::file(&index, format!("weight_map[{t:?}] is not a file name"))
+                })?;
                 if !shards.iter().any(|s| s == f) {
                     shards.push(f.to_string());
                 }
@@ -99,7 +99,10 @@ impl SafetensorsStore {
                     Some(info) if store.files[info.file] != dir.join(f) => {
                         return Err(Error::file(
                             &index,
-                            format!("tensor {t:?} listed in {f:?} but found in {}", store.files[info.file].display()),
+                            format!(
+                                "tensor {t:?} listed in {f:?} but found in {}",
+                                store.files[info.file].display()
+                            ),
                         ))
                     }
                     _ => {}
@@ -109,7 +112,10 @@ impl SafetensorsStore {
         } else if single.exists() {
             Self::open_files(&[single])
         } else {
-            Err(Error::file(dir, "no model.safetensors or model.safetensors.index.json"))
+            Err(Error::file(
+                dir,
+                "no model.safetensors or model.safetensors.index.json",
+            ))
         }
     }
 
@@ -124,13 +130,21 @@ impl SafetensorsStore {
                 if let Some(prev) = tensors.insert(info.name.clone(), info) {
                     return Err(Error::file(
                         p,
-                        format!("tensor {:?} also present in {}", prev.name, paths[prev.file].display()),
+                        format!(
+                            "tensor {:?} also present in {}",
+                            prev.name,
+                            paths[prev.file].display()
+                        ),
                     ));
                 }
             }
             maps.push(m);
         }
-        Ok(Self { files: paths.to_vec(), maps, tensors })
+        Ok(Self {
+            files: paths.to_vec(),
+            maps,
+            tensors,
+        })
     }
 
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {
@@ -197,15 +211,23 @@ pub fn to_f32(b: &[u8], dt: DType) -> Vec<f32> {
 fn parse_header(path: &Path, m: &[u8], file: usize) -> Result<Vec<TensorInfo>> {
     let bad = |msg: String| Error::file(path, msg);
     if m.len() < 8 {
-        return Err(bad(format!("truncated: {} bytes, shorter than the 8-byte header length", m.len())));
+        return Err(bad(format!(
+            "truncated: {} bytes, shorter than the 8-byte header length",
+            m.len()
+        )));
     }
     let n = u64::from_le_bytes(m[..8].try_into().unwrap()) as usize;
     if n > 100 << 20 || 8 + n > m.len() {
-        return Err(bad(format!("corrupt or truncated header: header length {n}, file length {}", m.len())));
+        return Err(bad(format!(
+            "corrupt or truncated header: header length {n}, file length {}",
+            m.len()
+        )));
     }
     let hdr: serde_json::Value = serde_json::from_slice(&m[8..8 + n])
         .map_err(|e| bad(format!("corrupt header (not JSON): {e}")))?;
-    let obj = hdr.as_object().ok_or_else(|| bad("corrupt header: not a JSON object".into()))?;
+    let obj = hdr
+        .as_object()
+        .ok_or_else(|| bad("corrupt header: not a JSON object".into()))?;
     let data0 = 8 + n;
     let data_len = m.len() - data0;
     let mut out = Vec::new();
@@ -214,12 +236,19 @@ fn parse_header(path: &Path, m: &[u8], file: usize) -> Result<Vec<TensorInfo>> {
             continue;
         }
         let terr = |msg: &str| bad(format!("tensor {name:?}: {msg}"));
-        let dt = v.get("dtype").and_then(|d| d.as_str()).ok_or_else(|| terr("missing dtype"))?;
+        let dt = v
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .ok_or_else(|| terr("missing dtype"))?;
         let dtype = match dt {
             "F32" => DType::F32,
             "F16" => DType::F16,
             "BF16" => DType::BF16,
-            other => return Err(terr(&format!("unsupported dtype {other} (hexq reads F32, F16, BF16)"))),
+            other => {
+                return Err(terr(&format!(
+                    "unsupported dtype {other} (hexq reads F32, F16, BF16)"
+                )))
+            }
         };
         let shape: Vec<usize> = v
             .get("shape")
@@ -251,7 +280,14 @@ fn parse_header(path: &Path, m: &[u8], file: usize) -> Result<Vec<TensorInfo>> {
                 offs.1
             )));
         }
-        out.push(TensorInfo { name: name.clone(), dtype, shape, file, start: data0 + offs.0, end: data0 + offs.1 });
+        out.push(TensorInfo {
+            name: name.clone(),
+            dtype,
+            shape,
+            file,
+            start: data0 + offs.0,
+            end: data0 + offs.1,
+        });
     }
     Ok(out)
 }

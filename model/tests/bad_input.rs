@@ -26,14 +26,26 @@ type Entry = (String, String, Vec<usize>, Vec<u8>);
 /// The fixture's tensors as (name, dtype, shape, bytes).
 fn entries() -> Vec<Entry> {
     let st = SafetensorsStore::open_dir(&fixture()).unwrap();
-    st.infos().map(|i| (i.name.clone(), i.dtype.name().to_string(), i.shape.clone(), st.bytes(i).to_vec())).collect()
+    st.infos()
+        .map(|i| {
+            (
+                i.name.clone(),
+                i.dtype.name().to_string(),
+                i.shape.clone(),
+                st.bytes(i).to_vec(),
+            )
+        })
+        .collect()
 }
 
 fn write_st(path: &Path, ents: &[Entry]) {
     let mut hdr = serde_json::Map::new();
     let mut off = 0;
     for (n, dt, sh, b) in ents {
-        hdr.insert(n.clone(), json!({"dtype": dt, "shape": sh, "data_offsets": [off, off + b.len()]}));
+        hdr.insert(
+            n.clone(),
+            json!({"dtype": dt, "shape": sh, "data_offsets": [off, off + b.len()]}),
+        );
         off += b.len();
     }
     let h = serde_json::to_vec(&Value::Object(hdr)).unwrap();
@@ -60,7 +72,10 @@ fn missing_tensor_names_file_and_tensor() {
     let ents: Vec<Entry> = entries().into_iter().filter(|e| e.0 != Q).collect();
     write_st(&d.path().join("model.safetensors"), &ents);
     let e = err_of(d.path());
-    assert!(e.contains("model.safetensors") && e.contains(Q) && e.contains("missing"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains(Q) && e.contains("missing"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -72,7 +87,13 @@ fn wrong_shape_names_tensor_and_both_shapes() {
     q.2 = vec![q.2[1], q.2[0]];
     write_st(&d.path().join("model.safetensors"), &ents);
     let e = err_of(d.path());
-    assert!(e.contains(q4) && e.contains("[64, 128]") && e.contains("[128, 64]") && e.contains("model.safetensors"), "{e}");
+    assert!(
+        e.contains(q4)
+            && e.contains("[64, 128]")
+            && e.contains("[128, 64]")
+            && e.contains("model.safetensors"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -82,7 +103,10 @@ fn wrong_dtype_names_tensor() {
     ents.iter_mut().find(|e| e.0 == Q).unwrap().1 = "I32".into();
     write_st(&d.path().join("model.safetensors"), &ents);
     let e = err_of(d.path());
-    assert!(e.contains(Q) && e.contains("I32") && e.contains("model.safetensors"), "{e}");
+    assert!(
+        e.contains(Q) && e.contains("I32") && e.contains("model.safetensors"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -102,10 +126,16 @@ fn truncated_file_names_file() {
     let b = std::fs::read(&p).unwrap();
     std::fs::write(&p, &b[..b.len() - 1000]).unwrap();
     let e = err_of(d.path());
-    assert!(e.contains("model.safetensors") && e.contains("truncated"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("truncated"),
+        "{e}"
+    );
     std::fs::write(&p, &b[..4]).unwrap();
     let e = err_of(d.path());
-    assert!(e.contains("model.safetensors") && e.contains("truncated"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("truncated"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -116,12 +146,18 @@ fn corrupt_header_names_file() {
     b[8] = b'#';
     std::fs::write(&p, &b).unwrap();
     let e = err_of(d.path());
-    assert!(e.contains("model.safetensors") && e.contains("corrupt header"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("corrupt header"),
+        "{e}"
+    );
     // A header length pointing past the end of the file.
     b[..8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
     std::fs::write(&p, &b).unwrap();
     let e = err_of(d.path());
-    assert!(e.contains("model.safetensors") && e.contains("header length"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("header length"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -142,33 +178,89 @@ fn edit_config(d: &Path, f: impl FnOnce(&mut Value)) {
 #[test]
 fn config_errors_name_the_field() {
     let cases: Vec<(&str, Box<dyn Fn(&mut Value)>)> = vec![
-        ("text_config.hidden_size", Box::new(|v| { v["text_config"].as_object_mut().unwrap().remove("hidden_size"); })),
-        ("text_config.enable_moe_block", Box::new(|v| v["text_config"]["enable_moe_block"] = true.into())),
-        ("text_config.hidden_activation", Box::new(|v| v["text_config"]["hidden_activation"] = "relu".into())),
-        ("text_config.use_bidirectional_attention", Box::new(|v| v["text_config"]["use_bidirectional_attention"] = "all".into())),
-        ("text_config.layer_types", Box::new(|v| { v["text_config"]["layer_types"].as_array_mut().unwrap().pop(); })),
-        ("text_config.layer_types[1]", Box::new(|v| v["text_config"]["layer_types"][1] = "chunked_attention".into())),
-        ("text_config.num_key_value_heads", Box::new(|v| v["text_config"]["num_key_value_heads"] = 3.into())),
-        ("text_config.rope_parameters.full_attention.rope_type", Box::new(|v| v["text_config"]["rope_parameters"]["full_attention"]["rope_type"] = "yarn".into())),
-        ("text_config.per_layer_config.4.head_dim", Box::new(|v| v["text_config"]["per_layer_config"]["4"]["head_dim"] = "big".into())),
-        ("model_type", Box::new(|v| { v["model_type"] = "llama".into(); v["text_config"]["model_type"] = "llama".into(); })),
+        (
+            "text_config.hidden_size",
+            Box::new(|v| {
+                v["text_config"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("hidden_size");
+            }),
+        ),
+        (
+            "text_config.enable_moe_block",
+            Box::new(|v| v["text_config"]["enable_moe_block"] = true.into()),
+        ),
+        (
+            "text_config.hidden_activation",
+            Box::new(|v| v["text_config"]["hidden_activation"] = "relu".into()),
+        ),
+        (
+            "text_config.use_bidirectional_attention",
+            Box::new(|v| v["text_config"]["use_bidirectional_attention"] = "all".into()),
+        ),
+        (
+            "text_config.layer_types",
+            Box::new(|v| {
+                v["text_config"]["layer_types"]
+                    .as_array_mut()
+                    .unwrap()
+                    .pop();
+            }),
+        ),
+        (
+            "text_config.layer_types[1]",
+            Box::new(|v| v["text_config"]["layer_types"][1] = "chunked_attention".into()),
+        ),
+        (
+            "text_config.num_key_value_heads",
+            Box::new(|v| v["text_config"]["num_key_value_heads"] = 3.into()),
+        ),
+        (
+            "text_config.rope_parameters.full_attention.rope_type",
+            Box::new(|v| {
+                v["text_config"]["rope_parameters"]["full_attention"]["rope_type"] = "yarn".into()
+            }),
+        ),
+        (
+            "text_config.per_layer_config.4.head_dim",
+            Box::new(|v| v["text_config"]["per_layer_config"]["4"]["head_dim"] = "big".into()),
+        ),
+        (
+            "model_type",
+            Box::new(|v| {
+                v["model_type"] = "llama".into();
+                v["text_config"]["model_type"] = "llama".into();
+            }),
+        ),
     ];
     for (field, f) in cases {
         let d = scratch();
         edit_config(d.path(), f);
         let e = err_of(d.path());
-        assert!(e.contains("config.json") && e.contains(&format!("`{field}`")), "{field}: {e}");
+        assert!(
+            e.contains("config.json") && e.contains(&format!("`{field}`")),
+            "{field}: {e}"
+        );
     }
     // A config whose shapes disagree with the weights: the tensor is named.
     let d = scratch();
-    edit_config(d.path(), |v| v["text_config"]["intermediate_size"] = 96.into());
+    edit_config(d.path(), |v| {
+        v["text_config"]["intermediate_size"] = 96.into()
+    });
     let e = err_of(d.path());
-    assert!(e.contains("mlp.gate_proj.weight") && e.contains("shape"), "{e}");
+    assert!(
+        e.contains("mlp.gate_proj.weight") && e.contains("shape"),
+        "{e}"
+    );
     // Not JSON.
     let d = scratch();
     std::fs::write(d.path().join("config.json"), "{ nope").unwrap();
     let e = err_of(d.path());
-    assert!(e.contains("config.json") && e.contains("invalid JSON"), "{e}");
+    assert!(
+        e.contains("config.json") && e.contains("invalid JSON"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -178,7 +270,10 @@ fn sharded_checkpoint_loads_and_bad_index_is_named() {
     let ents = entries();
     let third = ents.len() / 3;
     let mut map = serde_json::Map::new();
-    for (k, part) in [&ents[..third], &ents[third..2 * third], &ents[2 * third..]].iter().enumerate() {
+    for (k, part) in [&ents[..third], &ents[third..2 * third], &ents[2 * third..]]
+        .iter()
+        .enumerate()
+    {
         let name = format!("model-{:05}-of-00003.safetensors", k + 1);
         write_st(&d.path().join(&name), part);
         for e in part.iter() {
@@ -186,25 +281,55 @@ fn sharded_checkpoint_loads_and_bad_index_is_named() {
         }
     }
     let idx = d.path().join("model.safetensors.index.json");
-    std::fs::write(&idx, serde_json::to_string(&json!({"metadata": {}, "weight_map": map})).unwrap()).unwrap();
+    std::fs::write(
+        &idx,
+        serde_json::to_string(&json!({"metadata": {}, "weight_map": map})).unwrap(),
+    )
+    .unwrap();
     let ck = Checkpoint::open(d.path()).unwrap();
     assert_eq!(ck.store.files.len(), 3);
     // Same logits as the single-file fixture.
     let a = Model::load(Arc::new(ck)).unwrap();
     let b = Model::load(Arc::new(Checkpoint::open(&fixture()).unwrap())).unwrap();
     let ids = [2u32, 105, 2364, 107, 300, 301];
-    let la: Vec<f32> = a.forward(&ids, &mut Default::default()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-    let lb: Vec<f32> = b.forward(&ids, &mut Default::default()).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let la: Vec<f32> = a
+        .forward(&ids, &mut Default::default())
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let lb: Vec<f32> = b
+        .forward(&ids, &mut Default::default())
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     assert_eq!(la, lb);
     // Index naming a tensor its shard lacks.
-    map.insert("model.language_model.ghost.weight".into(), "model-00001-of-00003.safetensors".into());
-    std::fs::write(&idx, serde_json::to_string(&json!({"weight_map": map})).unwrap()).unwrap();
+    map.insert(
+        "model.language_model.ghost.weight".into(),
+        "model-00001-of-00003.safetensors".into(),
+    );
+    std::fs::write(
+        &idx,
+        serde_json::to_string(&json!({"weight_map": map})).unwrap(),
+    )
+    .unwrap();
     let e = err_of(d.path());
-    assert!(e.contains("model.safetensors.index.json") && e.contains("ghost"), "{e}");
+    assert!(
+        e.contains("model.safetensors.index.json") && e.contains("ghost"),
+        "{e}"
+    );
     // Index naming a shard that does not exist.
     map.remove("model.language_model.ghost.weight");
     map.insert(Q.into(), "model-00009-of-00009.safetensors".into());
-    std::fs::write(&idx, serde_json::to_string(&json!({"weight_map": map})).unwrap()).unwrap();
+    std::fs::write(
+        &idx,
+        serde_json::to_string(&json!({"weight_map": map})).unwrap(),
+    )
+    .unwrap();
     let e = err_of(d.path());
     assert!(e.contains("model-00009-of-00009.safetensors"), "{e}");
 }
@@ -214,7 +339,10 @@ fn tokenizer_errors_name_the_file() {
     let d = scratch();
     std::fs::remove_file(d.path().join("tokenizer.json")).unwrap();
     let e = Tokenizer::from_dir(d.path()).err().unwrap().to_string();
-    assert!(e.contains("tokenizer.json") && e.contains("not found"), "{e}");
+    assert!(
+        e.contains("tokenizer.json") && e.contains("not found"),
+        "{e}"
+    );
     std::fs::write(d.path().join("tokenizer.json"), "[]").unwrap();
     let e = Tokenizer::from_dir(d.path()).err().unwrap().to_string();
     assert!(e.contains("tokenizer.json"), "{e}");
@@ -223,14 +351,24 @@ fn tokenizer_errors_name_the_file() {
 #[test]
 fn out_of_range_token_is_an_error() {
     let m = Model::load(Arc::new(Checkpoint::open(&fixture()).unwrap())).unwrap();
-    let e = m.forward(&[2, 999_999], &mut Default::default()).err().unwrap().to_string();
+    let e = m
+        .forward(&[2, 999_999], &mut Default::default())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("999999") && e.contains("vocab_size"), "{e}");
 }
 
 #[test]
 fn vision_and_audio_tensors_are_ignored() {
     let st = SafetensorsStore::open_dir(&fixture()).unwrap();
-    assert!(st.names().any(|n| n.starts_with("model.vision_tower.")), "fixture carries a vision tower");
+    assert!(
+        st.names().any(|n| n.starts_with("model.vision_tower.")),
+        "fixture carries a vision tower"
+    );
     let ck = Checkpoint::open(&fixture()).unwrap();
-    assert!(ck.tensors.iter().all(|(_, i)| i.name.starts_with("model.language_model.")));
+    assert!(ck
+        .tensors
+        .iter()
+        .all(|(_, i)| i.name.starts_with("model.language_model.")));
 }

@@ -62,7 +62,15 @@ impl Encoding {
             let neg = (steps / 2.0).ceil();
             let scale = (new_max / pos).max(-new_min / neg);
             let offset = -neg;
-            Encoding { bitwidth: bw, dtype: "int".into(), is_symmetric: true, min: offset * scale, max: scale * pos, offset: offset as i64, scale }
+            Encoding {
+                bitwidth: bw,
+                dtype: "int".into(),
+                is_symmetric: true,
+                min: offset * scale,
+                max: scale * pos,
+                offset: offset as i64,
+                scale,
+            }
         } else {
             let scale = (new_max - new_min) / steps;
             let offset = if new_min < 0.0 && new_max > 0.0 {
@@ -71,7 +79,15 @@ impl Encoding {
                 (new_min / scale).round()
             };
             let emin = scale * offset;
-            Encoding { bitwidth: bw, dtype: "int".into(), is_symmetric: false, min: emin, max: new_max - new_min + emin, offset: offset as i64, scale }
+            Encoding {
+                bitwidth: bw,
+                dtype: "int".into(),
+                is_symmetric: false,
+                min: emin,
+                max: new_max - new_min + emin,
+                offset: offset as i64,
+                scale,
+            }
         }
     }
 
@@ -136,16 +152,26 @@ pub fn glob(p: &str, s: &str) -> bool {
 impl Overrides {
     pub fn from_file(p: &std::path::Path) -> Result<Self> {
         let t = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
-        let o: Overrides = serde_json::from_str(&t).map_err(|e| Error::file(p, format!("invalid overrides: {e}")))?;
+        let o: Overrides = serde_json::from_str(&t)
+            .map_err(|e| Error::file(p, format!("invalid overrides: {e}")))?;
         for r in &o.rules {
             if !(2..=16).contains(&r.bitwidth) {
-                return Err(Error::file(p, format!("rule {:?}: bitwidth {} not in 2..=16", r.pattern, r.bitwidth)));
+                return Err(Error::file(
+                    p,
+                    format!(
+                        "rule {:?}: bitwidth {} not in 2..=16",
+                        r.pattern, r.bitwidth
+                    ),
+                ));
             }
         }
         Ok(o)
     }
     fn find(&self, kind: Kind, name: &str) -> Option<&Rule> {
-        self.rules.iter().rev().find(|r| r.kind == kind && glob(&r.pattern, name))
+        self.rules
+            .iter()
+            .rev()
+            .find(|r| r.kind == kind && glob(&r.pattern, name))
     }
 }
 
@@ -159,7 +185,12 @@ pub struct Scheme {
 
 impl Scheme {
     pub fn a16w8(int8_kv: bool) -> Self {
-        Scheme { act_bw: 16, weight_bw: 8, const_bw: 16, int8_kv }
+        Scheme {
+            act_bw: 16,
+            weight_bw: 8,
+            const_bw: 16,
+            int8_kv,
+        }
     }
 }
 
@@ -182,13 +213,21 @@ pub fn check_stats(stats: &Stats) -> Vec<String> {
     }
     for (n, r) in &stats.tensors {
         let maskish = n.contains("mask") || n.contains("scores");
-        if !r.min.is_finite() || !r.max.is_finite() || r.min <= -1e30 || r.max >= 1e30 || (maskish && r.min < -2e4) {
+        if !r.min.is_finite()
+            || !r.max.is_finite()
+            || r.min <= -1e30
+            || r.max >= 1e30
+            || (maskish && r.min < -2e4)
+        {
             w.push(format!(
                 "{n}: range [{}, {}] holds a mask constant outside ±1e4 (-inf / f32::MIN destroy the int16 range of every tensor they reach; use NEG = -1e4)",
                 r.min, r.max
             ));
         } else if r.min == r.max {
-            w.push(format!("{n}: degenerate range (min = max = {}); the calibration never exercised it", r.min));
+            w.push(format!(
+                "{n}: degenerate range (min = max = {}); the calibration never exercised it",
+                r.min
+            ));
         }
     }
     w
@@ -196,7 +235,12 @@ pub fn check_stats(stats: &Stats) -> Vec<String> {
 
 /// Param encodings only (they need no calibration): MatMul weights per output channel, symmetric; other
 /// float constants per tensor, asymmetric.
-pub fn param_encodings(ck: &Checkpoint, graph: &Graph, scheme: &Scheme, ov: &Overrides) -> Result<BTreeMap<String, Vec<Encoding>>> {
+pub fn param_encodings(
+    ck: &Checkpoint,
+    graph: &Graph,
+    scheme: &Scheme,
+    ov: &Overrides,
+) -> Result<BTreeMap<String, Vec<Encoding>>> {
     let mut out = BTreeMap::new();
     // Params: MatMul weights per output channel (symmetric), other float constants per tensor (asymmetric).
     let matmul_weights: std::collections::HashSet<&str> = graph
@@ -205,7 +249,11 @@ pub fn param_encodings(ck: &Checkpoint, graph: &Graph, scheme: &Scheme, ov: &Ove
         .filter(|n| n.op == Op::MatMul)
         .filter_map(|n| n.inputs.get(1).map(|s| s.as_str()))
         .collect();
-    let inits: Vec<_> = graph.initializers.iter().filter(|i| i.ty.dtype.is_float()).collect();
+    let inits: Vec<_> = graph
+        .initializers
+        .iter()
+        .filter(|i| i.ty.dtype.is_float())
+        .collect();
     let computed: Vec<Result<(String, Vec<Encoding>)>> = inits
         .par_iter()
         .map(|i| {
@@ -215,27 +263,54 @@ pub fn param_encodings(ck: &Checkpoint, graph: &Graph, scheme: &Scheme, ov: &Ove
                 InitSource::I64(_) => unreachable!(),
             };
             if let Some(bad) = vals.iter().find(|v| !v.is_finite()) {
-                return Err(Error::Msg(format!("initializer {}: non-finite value {bad}", i.name)));
+                return Err(Error::Msg(format!(
+                    "initializer {}: non-finite value {bad}",
+                    i.name
+                )));
             }
             let rule = ov.find(Kind::Param, &i.name);
             if matmul_weights.contains(i.name.as_str()) {
-                if let InitSource::Weight { transpose: true, .. } = &i.source {
+                if let InitSource::Weight {
+                    transpose: true, ..
+                } = &i.source
+                {
                     // Checkpoint layout [out, in]: one encoding per output channel = per row.
                     let bw = rule.map(|r| r.bitwidth).unwrap_or(scheme.weight_bw);
                     let cols = i.ty.shape[0];
                     let e = vals
                         .chunks(cols)
                         .map(|row| {
-                            let (lo, hi) = row.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
-                            Encoding::compute(bw, lo as f64, hi as f64, rule.and_then(|r| r.symmetric).unwrap_or(true))
+                            let (lo, hi) = row
+                                .iter()
+                                .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
+                                    (a.min(x), b.max(x))
+                                });
+                            Encoding::compute(
+                                bw,
+                                lo as f64,
+                                hi as f64,
+                                rule.and_then(|r| r.symmetric).unwrap_or(true),
+                            )
                         })
                         .collect();
                     return Ok((i.name.clone(), e));
                 }
             }
             let bw = rule.map(|r| r.bitwidth).unwrap_or(scheme.const_bw);
-            let (lo, hi) = vals.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
-            Ok((i.name.clone(), vec![Encoding::compute(bw, lo as f64, hi as f64, rule.and_then(|r| r.symmetric).unwrap_or(false))]))
+            let (lo, hi) = vals
+                .iter()
+                .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
+                    (a.min(x), b.max(x))
+                });
+            Ok((
+                i.name.clone(),
+                vec![Encoding::compute(
+                    bw,
+                    lo as f64,
+                    hi as f64,
+                    rule.and_then(|r| r.symmetric).unwrap_or(false),
+                )],
+            ))
         })
         .collect();
     for c in computed {
@@ -246,14 +321,28 @@ pub fn param_encodings(ck: &Checkpoint, graph: &Graph, scheme: &Scheme, ov: &Ove
 }
 
 /// Compute encodings for `graph` from calibration `stats` and the checkpoint's weights.
-pub fn encode(ck: &Checkpoint, graph: &Graph, stats: &Stats, scheme: &Scheme, ov: &Overrides) -> Result<Encodings> {
+pub fn encode(
+    ck: &Checkpoint,
+    graph: &Graph,
+    stats: &Stats,
+    scheme: &Scheme,
+    ov: &Overrides,
+) -> Result<Encodings> {
     if stats.graph_sha256 != graph.content_hash() {
         return Err(Error::Msg(format!(
             "stats were calibrated on graph {} (variant {}), not on this {} graph: re-run hexq calibrate",
             &stats.graph_sha256[..12], stats.variant, graph.name)));
     }
-    let mut enc = Encodings { version: "0.6.1".into(), ..Default::default() };
-    let is_kv = |n: &str| n.starts_with("past_key_") || n.starts_with("past_value_") || n.starts_with("present_key_") || n.starts_with("present_value_");
+    let mut enc = Encodings {
+        version: "0.6.1".into(),
+        ..Default::default()
+    };
+    let is_kv = |n: &str| {
+        n.starts_with("past_key_")
+            || n.starts_with("past_value_")
+            || n.starts_with("present_key_")
+            || n.starts_with("present_value_")
+    };
     // Activations: graph inputs and float node outputs.
     let mut names: Vec<&str> = graph.inputs.iter().map(|v| v.name.as_str()).collect();
     names.extend(graph.nodes.iter().map(|n| n.outputs[0].as_str()));
@@ -262,14 +351,24 @@ pub fn encode(ck: &Checkpoint, graph: &Graph, stats: &Stats, scheme: &Scheme, ov
         if !ty.dtype.is_float() {
             continue;
         }
-        let r = stats.tensors.get(n).ok_or_else(|| Error::Msg(format!("stats have no range for graph tensor {n:?}")))?;
-        let mut bw = if scheme.int8_kv && is_kv(n) { 8 } else { scheme.act_bw };
+        let r = stats
+            .tensors
+            .get(n)
+            .ok_or_else(|| Error::Msg(format!("stats have no range for graph tensor {n:?}")))?;
+        let mut bw = if scheme.int8_kv && is_kv(n) {
+            8
+        } else {
+            scheme.act_bw
+        };
         let mut sym = false;
         if let Some(rule) = ov.find(Kind::Activation, n) {
             bw = rule.bitwidth;
             sym = rule.symmetric.unwrap_or(false);
         }
-        enc.activation_encodings.insert(n.into(), vec![Encoding::compute(bw, r.min as f64, r.max as f64, sym)]);
+        enc.activation_encodings.insert(
+            n.into(),
+            vec![Encoding::compute(bw, r.min as f64, r.max as f64, sym)],
+        );
     }
     enc.param_encodings = param_encodings(ck, graph, scheme, ov)?;
     enc.hexq = serde_json::json!({
@@ -322,7 +421,10 @@ mod tests {
         assert!((e.fake(2.54) - 2.54).abs() < 1e-6);
         assert!((e.fake(-2.54) + 2.54).abs() < 1e-6);
         assert!((e.fake(100.0) - 2.54).abs() < 1e-6, "clamps at 127·scale");
-        assert!((e.fake(0.011) - 0.02).abs() < 1e-6, "rounds to nearest step");
+        assert!(
+            (e.fake(0.011) - 0.02).abs() < 1e-6,
+            "rounds to nearest step"
+        );
         // Negative-dominant channel: the -128 end covers it: scale = 2.56/128 = 0.02, not 2.56/127.
         let e = Encoding::compute(8, -2.56, 1.0, true);
         assert!((e.scale - 0.02).abs() < 1e-12);
@@ -344,8 +446,14 @@ mod tests {
 
     #[test]
     fn glob_matches() {
-        assert!(glob("layers.*.mlp.*_proj.weight.T", "layers.3.mlp.up_proj.weight.T"));
-        assert!(!glob("layers.*.mlp.*_proj.weight.T", "layers.3.self_attn.q_proj.weight.T"));
+        assert!(glob(
+            "layers.*.mlp.*_proj.weight.T",
+            "layers.3.mlp.up_proj.weight.T"
+        ));
+        assert!(!glob(
+            "layers.*.mlp.*_proj.weight.T",
+            "layers.3.self_attn.q_proj.weight.T"
+        ));
         assert!(glob("present_*", "present_key_3"));
         assert!(glob("norm.out", "norm.out"));
     }

@@ -25,7 +25,9 @@ impl FakeQuant {
 impl FakeQuant {
     /// Only these (param) encodings: the weights as AIMET's calibration sees them.
     pub fn from_params(p: &std::collections::BTreeMap<String, Vec<crate::Encoding>>) -> Self {
-        FakeQuant { enc: Arc::new(p.iter().map(|(k, v)| (k.clone(), v.clone())).collect()) }
+        FakeQuant {
+            enc: Arc::new(p.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        }
     }
 }
 
@@ -49,7 +51,14 @@ impl Hook for FakeQuant {
         let w = t.t().ok()?.contiguous().ok()?; // [out, in] rows
         let v: Vec<f32> = w.flatten_all().ok()?.to_vec1().ok()?;
         let cols = v.len() / out;
-        let q: Vec<f32> = v.chunks(cols).zip(e.iter()).flat_map(|(row, en)| row.iter().map(move |&x| en.fake(x))).collect();
-        Tensor::from_vec(q, (out, cols), &Device::Cpu).ok()?.t().ok()
+        let q: Vec<f32> = v
+            .chunks(cols)
+            .zip(e.iter())
+            .flat_map(|(row, en)| row.iter().map(move |&x| en.fake(x)))
+            .collect();
+        Tensor::from_vec(q, (out, cols), &Device::Cpu)
+            .ok()?
+            .t()
+            .ok()
     }
 }

@@ -93,13 +93,31 @@ pub fn kl(float: &[f32], quant: &[f32]) -> f64 {
 }
 
 fn backend(ck: &Arc<Checkpoint>, v: Variant, o: &GraphOptions) -> Result<GraphBackend> {
-    let dv = if v == Variant::Trunk { Variant::DecodeWgqa } else { v };
+    let dv = if v == Variant::Trunk {
+        Variant::DecodeWgqa
+    } else {
+        v
+    };
     let d = Interpreter::new(build(&ck.config, dv, o), ck.clone())?;
-    let t = if v == Variant::Trunk { Some(Interpreter::new(build(&ck.config, v, o), ck.clone())?.sharing_weights_with(&d)) } else { None };
+    let t = if v == Variant::Trunk {
+        Some(Interpreter::new(build(&ck.config, v, o), ck.clone())?.sharing_weights_with(&d))
+    } else {
+        None
+    };
     GraphBackend::new(Host::load(ck.clone())?, d, t, o.context)
 }
 
-pub fn verify(ck: Arc<Checkpoint>, tok: &Tokenizer, recs: &[Record], enc: &Encodings, stats: Option<&Stats>, v: Variant, o: &GraphOptions, steps: usize, pb: &indicatif::ProgressBar) -> Result<Report> {
+pub fn verify(
+    ck: Arc<Checkpoint>,
+    tok: &Tokenizer,
+    recs: &[Record],
+    enc: &Encodings,
+    stats: Option<&Stats>,
+    v: Variant,
+    o: &GraphOptions,
+    steps: usize,
+    pb: &indicatif::ProgressBar,
+) -> Result<Report> {
     let mut f = backend(&ck, v, o)?;
     let mut q = backend(&ck, v, o)?;
     let obs = RangeObserver::default();
@@ -112,7 +130,10 @@ pub fn verify(ck: Arc<Checkpoint>, tok: &Tokenizer, recs: &[Record], enc: &Encod
             None => tok.encode(r.text.as_deref().unwrap())?,
         };
         // Leave room for the decode steps inside the context.
-        let ids: Vec<u32> = ids.into_iter().take(o.context.saturating_sub(steps + 1).max(1)).collect();
+        let ids: Vec<u32> = ids
+            .into_iter()
+            .take(o.context.saturating_sub(steps + 1).max(1))
+            .collect();
         hexq_runtime::Backend::reset(&mut f);
         hexq_runtime::Backend::reset(&mut q);
         let hf = f.hidden(&ids)?.pop().unwrap();
@@ -155,7 +176,10 @@ pub fn verify(ck: Arc<Checkpoint>, tok: &Tokenizer, recs: &[Record], enc: &Encod
     let maxlen = per.iter().map(|p| p.step_cosine.len()).max().unwrap_or(0);
     let step_cosine_mean = (0..maxlen)
         .map(|s| {
-            let v: Vec<f64> = per.iter().filter_map(|p| p.step_cosine.get(s).copied()).collect();
+            let v: Vec<f64> = per
+                .iter()
+                .filter_map(|p| p.step_cosine.get(s).copied())
+                .collect();
             v.iter().sum::<f64>() / v.len() as f64
         })
         .collect();
@@ -167,13 +191,26 @@ pub fn verify(ck: Arc<Checkpoint>, tok: &Tokenizer, recs: &[Record], enc: &Encod
                 let w = (c.max - c.min).max(1e-12);
                 let ex = ((c.min - h.min).max(0.0) + (h.max - c.max).max(0.0)) / w;
                 if ex > 0.0 {
-                    coverage_outside.push(Coverage { tensor: name, calibrated: (c.min, c.max), heldout: (h.min, h.max), excess: ex });
+                    coverage_outside.push(Coverage {
+                        tensor: name,
+                        calibrated: (c.min, c.max),
+                        heldout: (h.min, h.max),
+                        excess: ex,
+                    });
                 }
             }
         }
-        coverage_outside.sort_by(|a, b| b.excess.partial_cmp(&a.excess).unwrap().then(a.tensor.cmp(&b.tensor)));
+        coverage_outside.sort_by(|a, b| {
+            b.excess
+                .partial_cmp(&a.excess)
+                .unwrap()
+                .then(a.tensor.cmp(&b.tensor))
+        });
     }
-    let norm_ratio_min = per.iter().map(|p| p.norm_ratio).fold(f64::INFINITY, f64::min);
+    let norm_ratio_min = per
+        .iter()
+        .map(|p| p.norm_ratio)
+        .fold(f64::INFINITY, f64::min);
     Ok(Report {
         variant: v.name().into(),
         prompts: per.len(),

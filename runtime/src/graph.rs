@@ -31,24 +31,60 @@ fn i64_tensor(v: Vec<i64>, shape: &[usize]) -> Result<Tensor> {
 }
 
 impl GraphBackend {
-    pub fn new(host: Host, decode: Interpreter, trunk: Option<Interpreter>, context: usize) -> Result<Self> {
+    pub fn new(
+        host: Host,
+        decode: Interpreter,
+        trunk: Option<Interpreter>,
+        context: usize,
+    ) -> Result<Self> {
         if let Some(t) = &trunk {
             // trunk writes the same ring buffers decode reads: their KV inputs must agree.
-            for vi in t.graph.inputs.iter().filter(|v| v.name.starts_with("past_")) {
+            for vi in t
+                .graph
+                .inputs
+                .iter()
+                .filter(|v| v.name.starts_with("past_"))
+            {
                 let d = decode.graph.inputs.iter().find(|x| x.name == vi.name);
                 if d.map(|d| &d.ty) != Some(&vi.ty) {
-                    return Err(Error::Msg(format!("trunk input {} does not match the decode graph's KV layout", vi.name)));
+                    return Err(Error::Msg(format!(
+                        "trunk input {} does not match the decode graph's KV layout",
+                        vi.name
+                    )));
                 }
             }
         }
-        let mut b = GraphBackend { host, decode, trunk, kv: HashMap::new(), pos: 0, context, last_hidden: vec![], hook: None, noise: None };
+        let mut b = GraphBackend {
+            host,
+            decode,
+            trunk,
+            kv: HashMap::new(),
+            pos: 0,
+            context,
+            last_hidden: vec![],
+            hook: None,
+            noise: None,
+        };
         b.reset();
         Ok(b)
     }
 
-    fn run(&mut self, trunk: bool, mut ins: HashMap<String, Tensor>) -> Result<HashMap<String, Tensor>> {
-        let interp = if trunk { self.trunk.as_ref().unwrap() } else { &self.decode };
-        for vi in interp.graph.inputs.iter().filter(|v| v.name.starts_with("past_")) {
+    fn run(
+        &mut self,
+        trunk: bool,
+        mut ins: HashMap<String, Tensor>,
+    ) -> Result<HashMap<String, Tensor>> {
+        let interp = if trunk {
+            self.trunk.as_ref().unwrap()
+        } else {
+            &self.decode
+        };
+        for vi in interp
+            .graph
+            .inputs
+            .iter()
+            .filter(|v| v.name.starts_with("past_"))
+        {
             ins.insert(vi.name.clone(), self.kv[&vi.name].clone());
         }
         let mut no = NoHook;
@@ -57,10 +93,17 @@ impl GraphBackend {
             None => &mut no,
         };
         let mut out = interp.run(&ins, hook)?;
-        for vi in interp.graph.inputs.iter().filter(|v| v.name.starts_with("past_key_")) {
+        for vi in interp
+            .graph
+            .inputs
+            .iter()
+            .filter(|v| v.name.starts_with("past_key_"))
+        {
             let i: usize = vi.name["past_key_".len()..].parse().unwrap();
-            self.kv.insert(past_key(i), out.remove(&present_key(i)).unwrap());
-            self.kv.insert(past_value(i), out.remove(&present_value(i)).unwrap());
+            self.kv
+                .insert(past_key(i), out.remove(&present_key(i)).unwrap());
+            self.kv
+                .insert(past_value(i), out.remove(&present_value(i)).unwrap());
         }
         Ok(out)
     }
@@ -78,19 +121,30 @@ impl GraphBackend {
                 ple = Some(Tensor::from_vec(f(p.elem_count()), p.dims(), &Device::Cpu)?);
             }
         }
-        m.insert("inputs_embeds".into(), e.reshape((1, pad_to, cfg.hidden_size))?);
+        m.insert(
+            "inputs_embeds".into(),
+            e.reshape((1, pad_to, cfg.hidden_size))?,
+        );
         if let Some(p) = ple {
-            m.insert("per_layer_inputs".into(), p.reshape((1, pad_to, cfg.num_layers, cfg.ple_dim))?);
+            m.insert(
+                "per_layer_inputs".into(),
+                p.reshape((1, pad_to, cfg.num_layers, cfg.ple_dim))?,
+            );
         }
         // Padding positions continue the sequence (clamped to the RoPE table); their outputs are ignored.
-        let pos: Vec<i64> = (0..pad_to).map(|j| ((self.pos + j).min(self.context - 1)) as i64).collect();
+        let pos: Vec<i64> = (0..pad_to)
+            .map(|j| ((self.pos + j).min(self.context - 1)) as i64)
+            .collect();
         m.insert("position_ids".into(), i64_tensor(pos, &[1, pad_to])?);
         Ok(m)
     }
 
     fn check_room(&self, n: usize) -> Result<()> {
         if self.pos + n > self.context {
-            return Err(Error::Msg(format!("context full: position {} + {n} tokens exceeds --context {}", self.pos, self.context)));
+            return Err(Error::Msg(format!(
+                "context full: position {} + {n} tokens exceeds --context {}",
+                self.pos, self.context
+            )));
         }
         Ok(())
     }
@@ -99,10 +153,16 @@ impl GraphBackend {
     pub fn step(&mut self, id: u32) -> Result<Vec<f32>> {
         self.check_room(1)?;
         let mut ins = self.host_inputs(&[id], 1)?;
-        ins.insert("cache_position".into(), i64_tensor(vec![self.pos as i64], &[1])?);
+        ins.insert(
+            "cache_position".into(),
+            i64_tensor(vec![self.pos as i64], &[1])?,
+        );
         let out = self.run(false, ins)?;
         self.pos += 1;
-        let h = out["hidden_states"].flatten_all()?.to_dtype(CD::F32)?.to_vec1::<f32>()?;
+        let h = out["hidden_states"]
+            .flatten_all()?
+            .to_dtype(CD::F32)?
+            .to_vec1::<f32>()?;
         Ok(h)
     }
 
@@ -112,7 +172,10 @@ impl GraphBackend {
         assert!(!ids.is_empty() && ids.len() <= seq);
         self.check_room(ids.len())?;
         let mut ins = self.host_inputs(ids, seq)?;
-        ins.insert("valid_len".into(), i64_tensor(vec![ids.len() as i64], &[1])?);
+        ins.insert(
+            "valid_len".into(),
+            i64_tensor(vec![ids.len() as i64], &[1])?,
+        );
         let out = self.run(true, ins)?;
         self.pos += ids.len();
         let h = to_rows(&out["hidden_states"].squeeze(0)?)?;
@@ -151,13 +214,24 @@ impl Backend for GraphBackend {
     }
     fn reset(&mut self) {
         self.kv.clear();
-        for vi in self.decode.graph.inputs.iter().filter(|v| v.name.starts_with("past_")) {
-            self.kv.insert(vi.name.clone(), Tensor::zeros(vi.ty.shape.as_slice(), CD::F32, &Device::Cpu).unwrap());
+        for vi in self
+            .decode
+            .graph
+            .inputs
+            .iter()
+            .filter(|v| v.name.starts_with("past_"))
+        {
+            self.kv.insert(
+                vi.name.clone(),
+                Tensor::zeros(vi.ty.shape.as_slice(), CD::F32, &Device::Cpu).unwrap(),
+            );
         }
         self.pos = 0;
     }
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        let h = if ids.len() > 1 && self.trunk.is_some() { self.hidden(ids)?.pop().unwrap() } else {
+        let h = if ids.len() > 1 && self.trunk.is_some() {
+            self.hidden(ids)?.pop().unwrap()
+        } else {
             let mut last = vec![];
             for &id in ids {
                 last = self.step(id)?;

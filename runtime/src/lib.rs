@@ -31,7 +31,10 @@ pub struct CpuBackend {
 impl CpuBackend {
     pub fn new(model: Model) -> Self {
         let n = model.cfg.num_layers;
-        CpuBackend { model, cache: KvCache::new(n) }
+        CpuBackend {
+            model,
+            cache: KvCache::new(n),
+        }
     }
 }
 
@@ -63,7 +66,11 @@ pub struct Generation {
 }
 
 /// Greedy generation from already-templated prompt ids.
-pub fn generate_ids(b: &mut dyn Backend, prompt_ids: &[u32], max_tokens: usize) -> Result<(Vec<u32>, String, f64, f64)> {
+pub fn generate_ids(
+    b: &mut dyn Backend,
+    prompt_ids: &[u32],
+    max_tokens: usize,
+) -> Result<(Vec<u32>, String, f64, f64)> {
     b.reset();
     let t0 = Instant::now();
     let mut logits = b.feed(prompt_ids)?;
@@ -87,10 +94,19 @@ pub fn generate_ids(b: &mut dyn Backend, prompt_ids: &[u32], max_tokens: usize) 
 }
 
 /// Chat-format `messages`, generate greedily, decode the text (stop token excluded).
-pub fn generate(b: &mut dyn Backend, tok: &Tokenizer, messages: &[Message], max_tokens: usize) -> Result<Generation> {
+pub fn generate(
+    b: &mut dyn Backend,
+    tok: &Tokenizer,
+    messages: &[Message],
+    max_tokens: usize,
+) -> Result<Generation> {
     let prompt_ids = tok.encode_chat(messages)?;
     let (ids, reason, prefill, decode) = generate_ids(b, &prompt_ids, max_tokens)?;
-    let body: Vec<u32> = ids.iter().copied().filter(|i| !STOP_IDS.contains(i)).collect();
+    let body: Vec<u32> = ids
+        .iter()
+        .copied()
+        .filter(|i| !STOP_IDS.contains(i))
+        .collect();
     let text = tok.decode(&body, false)?;
     // Tokens produced by decode steps: the first comes from prefill.
     let steps = ids.len().saturating_sub(1);
@@ -102,6 +118,10 @@ pub fn generate(b: &mut dyn Backend, tok: &Tokenizer, messages: &[Message], max_
         stop_reason: reason,
         prefill_seconds: prefill,
         decode_seconds: decode,
-        decode_tokens_per_second: if decode > 0.0 { steps as f64 / decode } else { 0.0 },
+        decode_tokens_per_second: if decode > 0.0 {
+            steps as f64 / decode
+        } else {
+            0.0
+        },
     })
 }

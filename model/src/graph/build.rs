@@ -53,7 +53,10 @@ pub struct GraphOptions {
 
 impl Default for GraphOptions {
     fn default() -> Self {
-        GraphOptions { context: 4096, seq: 128 }
+        GraphOptions {
+            context: 4096,
+            seq: 128,
+        }
     }
 }
 
@@ -123,7 +126,14 @@ impl Ctx<'_> {
     /// RMSNorm over the last axis: x · (mean(x²) + eps)^-½ [· w].
     fn rms_norm(&mut self, x: &str, w: Option<(&str, usize)>, p: &str) -> String {
         let sq = self.n(Op::Mul, &[x, x], &format!("{p}.sq"));
-        let ms = self.n(Op::ReduceMean { axes: vec![-1], keepdims: true }, &[&sq], &format!("{p}.ms"));
+        let ms = self.n(
+            Op::ReduceMean {
+                axes: vec![-1],
+                keepdims: true,
+            },
+            &[&sq],
+            &format!("{p}.ms"),
+        );
         let eps = self.f(&format!("{p}.eps"), self.cfg.rms_norm_eps as f32);
         let a = self.n(Op::Add, &[&ms, &eps], &format!("{p}.ms_eps"));
         let r = self.n(Op::Sqrt, &[&a], &format!("{p}.rms"));
@@ -145,7 +155,10 @@ impl Ctx<'_> {
         let c1 = self.f(&format!("{p}.c044715"), 0.044715);
         let t = self.n(Op::Mul, &[&x3, &c1], &format!("{p}.cx3"));
         let u = self.n(Op::Add, &[x, &t], &format!("{p}.u"));
-        let c2 = self.f(&format!("{p}.sqrt_2_over_pi"), (2.0f64 / std::f64::consts::PI).sqrt() as f32);
+        let c2 = self.f(
+            &format!("{p}.sqrt_2_over_pi"),
+            (2.0f64 / std::f64::consts::PI).sqrt() as f32,
+        );
         let u = self.n(Op::Mul, &[&u, &c2], &format!("{p}.inner"));
         let th = self.n(Op::Tanh, &[&u], &format!("{p}.tanh"));
         let one = self.f(&format!("{p}.one"), 1.0);
@@ -158,8 +171,24 @@ impl Ctx<'_> {
     /// x·cos + rotate_half(x)·sin, x [1, heads, S, d], cos/sin [1, 1, S, d].
     fn rope(&mut self, x: &str, cos: &str, sin: &str, d: usize, p: &str) -> String {
         let h = d as i64 / 2;
-        let x1 = self.n(Op::Slice { starts: vec![0], ends: vec![h], axes: vec![-1] }, &[x], &format!("{p}.x1"));
-        let x2 = self.n(Op::Slice { starts: vec![h], ends: vec![d as i64], axes: vec![-1] }, &[x], &format!("{p}.x2"));
+        let x1 = self.n(
+            Op::Slice {
+                starts: vec![0],
+                ends: vec![h],
+                axes: vec![-1],
+            },
+            &[x],
+            &format!("{p}.x1"),
+        );
+        let x2 = self.n(
+            Op::Slice {
+                starts: vec![h],
+                ends: vec![d as i64],
+                axes: vec![-1],
+            },
+            &[x],
+            &format!("{p}.x2"),
+        );
         let nx2 = self.n(Op::Neg, &[&x2], &format!("{p}.neg_x2"));
         let rot = self.n(Op::Concat { axis: -1 }, &[&nx2, &x1], &format!("{p}.rot"));
         let a = self.n(Op::Mul, &[x, cos], &format!("{p}.xcos"));
@@ -167,7 +196,6 @@ impl Ctx<'_> {
         self.n(Op::Add, &[&a, &b], &format!("{p}.out"))
     }
 }
-
 
 impl Ctx<'_> {
     /// Masks for a buffer of `len` entries read by layers with `window` (None = full attention), `g` query
@@ -182,71 +210,183 @@ impl Ctx<'_> {
             Some(w) => format!("b{len}_w{w}"),
             None => format!("b{len}"),
         };
-        let iota = self.b.const_i64(&format!("mask.{tag}.slot_idx"), &[len], (0..len as i64).collect());
+        let iota = self.b.const_i64(
+            &format!("mask.{tag}.slot_idx"),
+            &[len],
+            (0..len as i64).collect(),
+        );
         let blen = self.i(&format!("mask.{tag}.len"), len as i64);
         let (neg, zero) = (self.neg.clone(), self.zero.clone());
         let m = if let Some(cp) = self.cache_pos.clone() {
             // decode: slot = cache_position % len. Slot i is valid iff written (i <= p); with a window shorter
             // than the buffer (decode_full's sliding layers) also i > p - W. Slot i == position i there.
-            let p = self.n(Op::Cast { to: DType::I64 }, &[&cp], &format!("mask.{tag}.p"));
+            let p = self.n(
+                Op::Cast { to: DType::I64 },
+                &[&cp],
+                &format!("mask.{tag}.p"),
+            );
             let slot = self.n(Op::Mod, &[&p, &blen], &format!("kv.{tag}.slot"));
             let future = self.n(Op::Greater, &[&iota, &p], &format!("mask.{tag}.unwritten"));
-            let mut mask = self.n(Op::Where, &[&future, &neg, &zero], &format!("mask.{tag}.causal"));
+            let mut mask = self.n(
+                Op::Where,
+                &[&future, &neg, &zero],
+                &format!("mask.{tag}.causal"),
+            );
             if let Some(w) = window.filter(|&w| w < len) {
                 let w1 = self.i(&format!("mask.{tag}.w_minus_1"), w as i64 - 1);
                 let lo = self.n(Op::Sub, &[&p, &w1], &format!("mask.{tag}.lo"));
-                let old = self.n(Op::Less, &[&iota, &lo], &format!("mask.{tag}.outside_window"));
-                mask = self.n(Op::Where, &[&old, &neg, &mask], &format!("mask.{tag}.window"));
+                let old = self.n(
+                    Op::Less,
+                    &[&iota, &lo],
+                    &format!("mask.{tag}.outside_window"),
+                );
+                mask = self.n(
+                    Op::Where,
+                    &[&old, &neg, &mask],
+                    &format!("mask.{tag}.window"),
+                );
             }
-            Masks { slot: Some(slot), mask, write_idx: None, write_has: None }
+            Masks {
+                slot: Some(slot),
+                mask,
+                write_idx: None,
+                write_has: None,
+            }
         } else {
             let s = self.s as i64;
-            let vl = self.n(Op::Cast { to: DType::I64 }, &[&self.valid_len.clone().unwrap()], &format!("mask.{tag}.valid_len"));
+            let vl = self.n(
+                Op::Cast { to: DType::I64 },
+                &[&self.valid_len.clone().unwrap()],
+                &format!("mask.{tag}.valid_len"),
+            );
             let pos64 = self.pos64.clone();
-            let p0 = self.n(Op::Slice { starts: vec![0], ends: vec![1], axes: vec![1] }, &[&pos64], &format!("mask.{tag}.p0"));
-            let p0 = self.n(Op::Reshape { shape: vec![1] }, &[&p0], &format!("mask.{tag}.p0_flat"));
+            let p0 = self.n(
+                Op::Slice {
+                    starts: vec![0],
+                    ends: vec![1],
+                    axes: vec![1],
+                },
+                &[&pos64],
+                &format!("mask.{tag}.p0"),
+            );
+            let p0 = self.n(
+                Op::Reshape { shape: vec![1] },
+                &[&p0],
+                &format!("mask.{tag}.p0_flat"),
+            );
             let one = self.i(&format!("mask.{tag}.one"), 1);
             let zero_i = self.i(&format!("mask.{tag}.zero_i"), 0);
             // Past slot i holds position prev - ((prev - i) mod len), prev = p0 - 1; negative = never written.
             let prev = self.n(Op::Sub, &[&p0, &one], &format!("mask.{tag}.prev"));
-            let d = self.n(Op::Sub, &[&prev, &iota], &format!("mask.{tag}.prev_minus_slot"));
+            let d = self.n(
+                Op::Sub,
+                &[&prev, &iota],
+                &format!("mask.{tag}.prev_minus_slot"),
+            );
             let age = self.n(Op::Mod, &[&d, &blen], &format!("mask.{tag}.past_age"));
             let ppos = self.n(Op::Sub, &[&prev, &age], &format!("mask.{tag}.past_pos"));
-            let pinv = self.n(Op::Less, &[&ppos, &zero_i], &format!("mask.{tag}.past_unwritten"));
+            let pinv = self.n(
+                Op::Less,
+                &[&ppos, &zero_i],
+                &format!("mask.{tag}.past_unwritten"),
+            );
             // Chunk key j: position p0 + j, invalid past valid_len.
-            let cpos = self.n(Op::Reshape { shape: vec![s] }, &[&pos64], &format!("mask.{tag}.chunk_pos"));
-            let cidx = self.b.const_i64(&format!("mask.{tag}.chunk_idx"), &[self.s], (0..s).collect());
+            let cpos = self.n(
+                Op::Reshape { shape: vec![s] },
+                &[&pos64],
+                &format!("mask.{tag}.chunk_pos"),
+            );
+            let cidx = self.b.const_i64(
+                &format!("mask.{tag}.chunk_idx"),
+                &[self.s],
+                (0..s).collect(),
+            );
             let vl1 = self.n(Op::Sub, &[&vl, &one], &format!("mask.{tag}.last_idx"));
-            let cinv = self.n(Op::Greater, &[&cidx, &vl1], &format!("mask.{tag}.chunk_padding"));
-            let kpos = self.n(Op::Concat { axis: 0 }, &[&ppos, &cpos], &format!("mask.{tag}.key_pos")); // [T]
-            let kinv = self.n(Op::Concat { axis: 0 }, &[&pinv, &cinv], &format!("mask.{tag}.key_invalid"));
-            let q = self.n(Op::Reshape { shape: vec![s, 1] }, &[&pos64], &format!("mask.{tag}.query_pos")); // [S,1]
+            let cinv = self.n(
+                Op::Greater,
+                &[&cidx, &vl1],
+                &format!("mask.{tag}.chunk_padding"),
+            );
+            let kpos = self.n(
+                Op::Concat { axis: 0 },
+                &[&ppos, &cpos],
+                &format!("mask.{tag}.key_pos"),
+            ); // [T]
+            let kinv = self.n(
+                Op::Concat { axis: 0 },
+                &[&pinv, &cinv],
+                &format!("mask.{tag}.key_invalid"),
+            );
+            let q = self.n(
+                Op::Reshape { shape: vec![s, 1] },
+                &[&pos64],
+                &format!("mask.{tag}.query_pos"),
+            ); // [S,1]
             let fut = self.n(Op::Greater, &[&kpos, &q], &format!("mask.{tag}.future")); // [S,T]
-            let mut mask = self.n(Op::Where, &[&fut, &neg, &zero], &format!("mask.{tag}.causal"));
+            let mut mask = self.n(
+                Op::Where,
+                &[&fut, &neg, &zero],
+                &format!("mask.{tag}.causal"),
+            );
             if let Some(w) = window {
                 let w1 = self.i(&format!("mask.{tag}.w_minus_1"), w as i64 - 1);
                 let lo = self.n(Op::Sub, &[&q, &w1], &format!("mask.{tag}.lo"));
-                let old = self.n(Op::Less, &[&kpos, &lo], &format!("mask.{tag}.outside_window"));
-                mask = self.n(Op::Where, &[&old, &neg, &mask], &format!("mask.{tag}.window"));
+                let old = self.n(
+                    Op::Less,
+                    &[&kpos, &lo],
+                    &format!("mask.{tag}.outside_window"),
+                );
+                mask = self.n(
+                    Op::Where,
+                    &[&old, &neg, &mask],
+                    &format!("mask.{tag}.window"),
+                );
             }
-            mask = self.n(Op::Where, &[&kinv, &neg, &mask], &format!("mask.{tag}.valid"));
+            mask = self.n(
+                Op::Where,
+                &[&kinv, &neg, &mask],
+                &format!("mask.{tag}.valid"),
+            );
             if key.2 > 1 {
                 let reps: Vec<&str> = std::iter::repeat_n(mask.as_str(), key.2).collect();
                 let reps: Vec<String> = reps.iter().map(|x| x.to_string()).collect();
                 let refs: Vec<&str> = reps.iter().map(|x| x.as_str()).collect();
-                mask = self.n(Op::Concat { axis: 0 }, &refs, &format!("mask.{tag}.g{}", key.2));
+                mask = self.n(
+                    Op::Concat { axis: 0 },
+                    &refs,
+                    &format!("mask.{tag}.g{}", key.2),
+                );
             }
             // Ring write: slot i takes the newest chunk position ≡ i (mod len), if any:
             // last = p0 + valid_len - 1; pos = last - ((last - i) mod len); j = pos - p0; new iff j >= 0.
             let last = self.n(Op::Add, &[&p0, &vl1], &format!("kv.{tag}.last_pos"));
-            let d2 = self.n(Op::Sub, &[&last, &iota], &format!("kv.{tag}.last_minus_slot"));
+            let d2 = self.n(
+                Op::Sub,
+                &[&last, &iota],
+                &format!("kv.{tag}.last_minus_slot"),
+            );
             let age2 = self.n(Op::Mod, &[&d2, &blen], &format!("kv.{tag}.age"));
             let npos = self.n(Op::Sub, &[&last, &age2], &format!("kv.{tag}.new_pos"));
             let j = self.n(Op::Sub, &[&npos, &p0], &format!("kv.{tag}.chunk_j"));
             let has = self.n(Op::Less, &[&j, &zero_i], &format!("kv.{tag}.keeps_past"));
-            let jc = self.n(Op::Where, &[&has, &zero_i, &j], &format!("kv.{tag}.gather_idx"));
-            let has2 = self.n(Op::Reshape { shape: vec![len as i64, 1] }, &[&has], &format!("kv.{tag}.keeps_past_col"));
-            Masks { slot: None, mask, write_idx: Some(jc), write_has: Some(has2) }
+            let jc = self.n(
+                Op::Where,
+                &[&has, &zero_i, &j],
+                &format!("kv.{tag}.gather_idx"),
+            );
+            let has2 = self.n(
+                Op::Reshape {
+                    shape: vec![len as i64, 1],
+                },
+                &[&has],
+                &format!("kv.{tag}.keeps_past_col"),
+            );
+            Masks {
+                slot: None,
+                mask,
+                write_idx: Some(jc),
+                write_has: Some(has2),
+            }
         };
         self.masks.insert(key, m.clone());
         m
@@ -260,35 +400,81 @@ pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
     let (hsz, l_n, p_dim, hq) = (cfg.hidden_size, cfg.num_layers, cfg.ple_dim, cfg.num_heads);
 
     // ---- inputs (the I/O contract)
-    let h0 = b.input("inputs_embeds", DType::F32, &[1, s, hsz], "token embedding rows × sqrt(hidden_size), looked up on the host");
+    let h0 = b.input(
+        "inputs_embeds",
+        DType::F32,
+        &[1, s, hsz],
+        "token embedding rows × sqrt(hidden_size), looked up on the host",
+    );
     let ple_tok = (p_dim > 0).then(|| {
-        b.input("per_layer_inputs", DType::F32, &[1, s, l_n, p_dim], "per-layer token embedding rows × sqrt(P) as [.., layer, P], looked up on the host")
+        b.input(
+            "per_layer_inputs",
+            DType::F32,
+            &[1, s, l_n, p_dim],
+            "per-layer token embedding rows × sqrt(P) as [.., layer, P], looked up on the host",
+        )
     });
-    let pos_ids = b.input("position_ids", DType::I32, &[1, s], "absolute position of each token (RoPE)");
+    let pos_ids = b.input(
+        "position_ids",
+        DType::I32,
+        &[1, s],
+        "absolute position of each token (RoPE)",
+    );
     let (cache_pos, valid_len) = if v == Variant::Trunk {
         (None, Some(b.input("valid_len", DType::I32, &[1], "number of real tokens in this chunk (1..=SEQ); the rest is padding whose outputs are ignored")))
     } else {
         (Some(b.input("cache_position", DType::I32, &[1], "position being written (= position_ids); the ring slot cache_position % buffer length is computed in-graph")), None)
     };
-    let owners: Vec<LayerSpec> = cfg.layers.iter().filter(|l| l.kv_mode != KvMode::Reuse).cloned().collect();
+    let owners: Vec<LayerSpec> = cfg
+        .layers
+        .iter()
+        .filter(|l| l.kv_mode != KvMode::Reuse)
+        .cloned()
+        .collect();
     for l in &owners {
         let len = kv_len(cfg, l, v, o);
         let shape = [1, l.num_kv_heads, len, l.head_dim];
-        let kind = if l.kind == AttnKind::Sliding { "sliding" } else { "full" };
+        let kind = if l.kind == AttnKind::Sliding {
+            "sliding"
+        } else {
+            "full"
+        };
         b.input(&past_key(l.index), DType::F32, &shape, &format!("layer {} ({kind}) keys after k_norm + RoPE, ring of {len} entries; zeros before the first token", l.index));
-        b.input(&past_value(l.index), DType::F32, &shape, &format!("layer {} ({kind}) values after v_norm, ring of {len} entries", l.index));
+        b.input(
+            &past_value(l.index),
+            DType::F32,
+            &shape,
+            &format!(
+                "layer {} ({kind}) values after v_norm, ring of {len} entries",
+                l.index
+            ),
+        );
     }
     let pos64 = b.node(Op::Cast { to: DType::I64 }, &[&pos_ids], "pos.i64");
     let neg = b.const_f32("mask.neg", &[1], vec![NEG]);
     let zero = b.const_f32("mask.zero", &[1], vec![0.0]);
-    let mut c = Ctx { b, cfg, v, s, pos64, cache_pos, valid_len, neg, zero, masks: Default::default() };
+    let mut c = Ctx {
+        b,
+        cfg,
+        v,
+        s,
+        pos64,
+        cache_pos,
+        valid_len,
+        neg,
+        zero,
+        masks: Default::default(),
+    };
 
     // ---- RoPE: cos/sin tables over [0, context), gathered by position_ids.
     let mut rope = std::collections::BTreeMap::new();
     for (kind_name, r) in &cfg.rope {
         let inv = r.inv_freq();
         let d = r.head_dim;
-        let (mut ct, mut st) = (Vec::with_capacity(o.context * d), Vec::with_capacity(o.context * d));
+        let (mut ct, mut st) = (
+            Vec::with_capacity(o.context * d),
+            Vec::with_capacity(o.context * d),
+        );
         for p in 0..o.context {
             for _ in 0..2 {
                 for &f in &inv {
@@ -298,14 +484,47 @@ pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
                 }
             }
         }
-        let tag = if kind_name == "sliding_attention" { "sliding" } else { "full" };
-        let ctab = c.b.const_f32(&format!("rope.{tag}.cos_table"), &[o.context, d], ct);
-        let stab = c.b.const_f32(&format!("rope.{tag}.sin_table"), &[o.context, d], st);
-        let cg = c.n(Op::Gather { axis: 0 }, &[&ctab, &pos_ids], &format!("rope.{tag}.cos_rows"));
-        let sg = c.n(Op::Gather { axis: 0 }, &[&stab, &pos_ids], &format!("rope.{tag}.sin_rows"));
-        let cr = c.n(Op::Reshape { shape: vec![1, 1, s as i64, d as i64] }, &[&cg], &format!("rope.{tag}.cos"));
-        let sr = c.n(Op::Reshape { shape: vec![1, 1, s as i64, d as i64] }, &[&sg], &format!("rope.{tag}.sin"));
-        rope.insert(if tag == "sliding" { AttnKind::Sliding } else { AttnKind::Full }, (cr, sr));
+        let tag = if kind_name == "sliding_attention" {
+            "sliding"
+        } else {
+            "full"
+        };
+        let ctab =
+            c.b.const_f32(&format!("rope.{tag}.cos_table"), &[o.context, d], ct);
+        let stab =
+            c.b.const_f32(&format!("rope.{tag}.sin_table"), &[o.context, d], st);
+        let cg = c.n(
+            Op::Gather { axis: 0 },
+            &[&ctab, &pos_ids],
+            &format!("rope.{tag}.cos_rows"),
+        );
+        let sg = c.n(
+            Op::Gather { axis: 0 },
+            &[&stab, &pos_ids],
+            &format!("rope.{tag}.sin_rows"),
+        );
+        let cr = c.n(
+            Op::Reshape {
+                shape: vec![1, 1, s as i64, d as i64],
+            },
+            &[&cg],
+            &format!("rope.{tag}.cos"),
+        );
+        let sr = c.n(
+            Op::Reshape {
+                shape: vec![1, 1, s as i64, d as i64],
+            },
+            &[&sg],
+            &format!("rope.{tag}.sin"),
+        );
+        rope.insert(
+            if tag == "sliding" {
+                AttnKind::Sliding
+            } else {
+                AttnKind::Full
+            },
+            (cr, sr),
+        );
     }
 
     // ---- per-layer inputs: context projection of the scaled embedding, normed, combined with the lookup.
@@ -313,7 +532,13 @@ pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
         let pr = c.linear(&h0, names::PLE_PROJ, l_n * p_dim, hsz, "ple.proj");
         let sc = c.f("ple.proj_scale", (hsz as f32).powf(-0.5));
         let pr = c.n(Op::Mul, &[&pr, &sc], "ple.proj_scaled");
-        let pr = c.n(Op::Reshape { shape: vec![1, s as i64, l_n as i64, p_dim as i64] }, &[&pr], "ple.proj_4d");
+        let pr = c.n(
+            Op::Reshape {
+                shape: vec![1, s as i64, l_n as i64, p_dim as i64],
+            },
+            &[&pr],
+            "ple.proj_4d",
+        );
         let pr = c.rms_norm(&pr, Some((names::PLE_PROJ_NORM, p_dim)), "ple.proj_norm");
         let sum = c.n(Op::Add, &[&pr, &tok], "ple.sum");
         let sc2 = c.f("ple.combine_scale", 0.5f32.sqrt());
@@ -331,118 +556,386 @@ pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
         let hkv = src.num_kv_heads;
         let g = hq / hkv;
         let (cos, sin) = rope[&l.kind].clone();
-        let x = c.rms_norm(&h, Some((&layer(i, "input_layernorm.weight"), hsz)), &format!("{p}.input_layernorm"));
+        let x = c.rms_norm(
+            &h,
+            Some((&layer(i, "input_layernorm.weight"), hsz)),
+            &format!("{p}.input_layernorm"),
+        );
         // Queries grouped per KV head: [1, Hq, S, d] viewed as [1, Hkv, G*S, d].
-        let q = c.linear(&x, &layer(i, "self_attn.q_proj.weight"), hq * d, hsz, &format!("{p}.self_attn.q_proj"));
-        let q = c.n(Op::Reshape { shape: vec![1, s as i64, hq as i64, d as i64] }, &[&q], &format!("{p}.self_attn.q_heads"));
-        let q = c.rms_norm(&q, Some((&layer(i, "self_attn.q_norm.weight"), d)), &format!("{p}.self_attn.q_norm"));
-        let q = c.n(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[&q], &format!("{p}.self_attn.q_t"));
+        let q = c.linear(
+            &x,
+            &layer(i, "self_attn.q_proj.weight"),
+            hq * d,
+            hsz,
+            &format!("{p}.self_attn.q_proj"),
+        );
+        let q = c.n(
+            Op::Reshape {
+                shape: vec![1, s as i64, hq as i64, d as i64],
+            },
+            &[&q],
+            &format!("{p}.self_attn.q_heads"),
+        );
+        let q = c.rms_norm(
+            &q,
+            Some((&layer(i, "self_attn.q_norm.weight"), d)),
+            &format!("{p}.self_attn.q_norm"),
+        );
+        let q = c.n(
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3],
+            },
+            &[&q],
+            &format!("{p}.self_attn.q_t"),
+        );
         let q = c.rope(&q, &cos, &sin, d, &format!("{p}.self_attn.q_rope"));
         if l.kv_mode != KvMode::Reuse {
-            let k = c.linear(&x, &layer(i, "self_attn.k_proj.weight"), hkv * d, hsz, &format!("{p}.self_attn.k_proj"));
-            let k = c.n(Op::Reshape { shape: vec![1, s as i64, hkv as i64, d as i64] }, &[&k], &format!("{p}.self_attn.k_heads"));
+            let k = c.linear(
+                &x,
+                &layer(i, "self_attn.k_proj.weight"),
+                hkv * d,
+                hsz,
+                &format!("{p}.self_attn.k_proj"),
+            );
+            let k = c.n(
+                Op::Reshape {
+                    shape: vec![1, s as i64, hkv as i64, d as i64],
+                },
+                &[&k],
+                &format!("{p}.self_attn.k_heads"),
+            );
             let vraw = if l.k_eq_v {
                 k.clone()
             } else {
-                let vv = c.linear(&x, &layer(i, "self_attn.v_proj.weight"), hkv * d, hsz, &format!("{p}.self_attn.v_proj"));
-                c.n(Op::Reshape { shape: vec![1, s as i64, hkv as i64, d as i64] }, &[&vv], &format!("{p}.self_attn.v_heads"))
+                let vv = c.linear(
+                    &x,
+                    &layer(i, "self_attn.v_proj.weight"),
+                    hkv * d,
+                    hsz,
+                    &format!("{p}.self_attn.v_proj"),
+                );
+                c.n(
+                    Op::Reshape {
+                        shape: vec![1, s as i64, hkv as i64, d as i64],
+                    },
+                    &[&vv],
+                    &format!("{p}.self_attn.v_heads"),
+                )
             };
-            let k = c.rms_norm(&k, Some((&layer(i, "self_attn.k_norm.weight"), d)), &format!("{p}.self_attn.k_norm"));
-            let k = c.n(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[&k], &format!("{p}.self_attn.k_t"));
+            let k = c.rms_norm(
+                &k,
+                Some((&layer(i, "self_attn.k_norm.weight"), d)),
+                &format!("{p}.self_attn.k_norm"),
+            );
+            let k = c.n(
+                Op::Transpose {
+                    perm: vec![0, 2, 1, 3],
+                },
+                &[&k],
+                &format!("{p}.self_attn.k_t"),
+            );
             let k = c.rope(&k, &cos, &sin, d, &format!("{p}.self_attn.k_rope"));
             let vv = c.rms_norm(&vraw, None, &format!("{p}.self_attn.v_norm"));
-            let vv = c.n(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[&vv], &format!("{p}.self_attn.v_t"));
+            let vv = c.n(
+                Op::Transpose {
+                    perm: vec![0, 2, 1, 3],
+                },
+                &[&vv],
+                &format!("{p}.self_attn.v_t"),
+            );
             let len = kv_len(cfg, l, v, o);
-            let window = if l.kind == AttnKind::Sliding { Some(cfg.sliding_window) } else { None };
+            let window = if l.kind == AttnKind::Sliding {
+                Some(cfg.sliding_window)
+            } else {
+                None
+            };
             let m = c.masks(len, window, g);
             let (pk, pv) = (past_key(i), past_value(i));
             let (att_k, att_v, pres_k, pres_v) = if v == Variant::Trunk {
                 // Attend over [past ring, chunk]; write the chunk into the ring.
-                let ak = c.n(Op::Concat { axis: 2 }, &[&pk, &k], &format!("{p}.self_attn.keys"));
-                let av = c.n(Op::Concat { axis: 2 }, &[&pv, &vv], &format!("{p}.self_attn.values"));
+                let ak = c.n(
+                    Op::Concat { axis: 2 },
+                    &[&pk, &k],
+                    &format!("{p}.self_attn.keys"),
+                );
+                let av = c.n(
+                    Op::Concat { axis: 2 },
+                    &[&pv, &vv],
+                    &format!("{p}.self_attn.values"),
+                );
                 let (wi, wh) = (m.write_idx.clone().unwrap(), m.write_has.clone().unwrap());
-                let gk = c.n(Op::Gather { axis: 2 }, &[&k, &wi], &format!("{p}.kv.k_ring_rows"));
-                let gv = c.n(Op::Gather { axis: 2 }, &[&vv, &wi], &format!("{p}.kv.v_ring_rows"));
+                let gk = c.n(
+                    Op::Gather { axis: 2 },
+                    &[&k, &wi],
+                    &format!("{p}.kv.k_ring_rows"),
+                );
+                let gv = c.n(
+                    Op::Gather { axis: 2 },
+                    &[&vv, &wi],
+                    &format!("{p}.kv.v_ring_rows"),
+                );
                 let nk = c.n(Op::Where, &[&wh, &pk, &gk], &present_key(i));
                 let nv = c.n(Op::Where, &[&wh, &pv, &gv], &present_value(i));
                 (ak, av, nk, nv)
             } else {
                 // ScatterND the new row at slot for every KV head: indices [(0, h, slot)]_h.
                 let slot = m.slot.clone().unwrap();
-                let hb = c.b.const_i64(&format!("{p}.kv.head_idx"), &[hkv, 2], (0..hkv as i64).flat_map(|h| [0, h]).collect());
-                let z = c.b.const_i64(&format!("{p}.kv.zeros"), &[hkv, 1], vec![0; hkv]);
+                let hb = c.b.const_i64(
+                    &format!("{p}.kv.head_idx"),
+                    &[hkv, 2],
+                    (0..hkv as i64).flat_map(|h| [0, h]).collect(),
+                );
+                let z =
+                    c.b.const_i64(&format!("{p}.kv.zeros"), &[hkv, 1], vec![0; hkv]);
                 let sl = c.n(Op::Add, &[&z, &slot], &format!("{p}.kv.slot_col"));
-                let idx = c.n(Op::Concat { axis: 1 }, &[&hb, &sl], &format!("{p}.kv.scatter_idx"));
-                let ku = c.n(Op::Reshape { shape: vec![hkv as i64, d as i64] }, &[&k], &format!("{p}.kv.k_row"));
-                let vu = c.n(Op::Reshape { shape: vec![hkv as i64, d as i64] }, &[&vv], &format!("{p}.kv.v_row"));
+                let idx = c.n(
+                    Op::Concat { axis: 1 },
+                    &[&hb, &sl],
+                    &format!("{p}.kv.scatter_idx"),
+                );
+                let ku = c.n(
+                    Op::Reshape {
+                        shape: vec![hkv as i64, d as i64],
+                    },
+                    &[&k],
+                    &format!("{p}.kv.k_row"),
+                );
+                let vu = c.n(
+                    Op::Reshape {
+                        shape: vec![hkv as i64, d as i64],
+                    },
+                    &[&vv],
+                    &format!("{p}.kv.v_row"),
+                );
                 let nk = c.n(Op::ScatterND, &[&pk, &idx, &ku], &present_key(i));
                 let nv = c.n(Op::ScatterND, &[&pv, &idx, &vu], &present_value(i));
                 (nk.clone(), nv.clone(), nk, nv)
             };
-            c.b.output(&pres_k, &format!("updated keys of layer {i} (feed back as {pk})"));
-            c.b.output(&pres_v, &format!("updated values of layer {i} (feed back as {pv})"));
+            c.b.output(
+                &pres_k,
+                &format!("updated keys of layer {i} (feed back as {pk})"),
+            );
+            c.b.output(
+                &pres_v,
+                &format!("updated values of layer {i} (feed back as {pv})"),
+            );
             kv.insert(i, (att_k, att_v));
         }
         let (ak, av) = kv[&l.kv_source].clone();
         let len = kv_len(cfg, src, v, o);
-        let window = if l.kind == AttnKind::Sliding { Some(cfg.sliding_window) } else { None };
+        let window = if l.kind == AttnKind::Sliding {
+            Some(cfg.sliding_window)
+        } else {
+            None
+        };
         let m = c.masks(len, window, g);
-        let kt = c.n(Op::Transpose { perm: vec![0, 1, 3, 2] }, &[&ak], &format!("{p}.self_attn.keys_t"));
+        let kt = c.n(
+            Op::Transpose {
+                perm: vec![0, 1, 3, 2],
+            },
+            &[&ak],
+            &format!("{p}.self_attn.keys_t"),
+        );
         let scores = if v == Variant::DecodeFull && g > 1 {
             // Naive: repeat KV per query head (Expand), queries one head each.
             let t = c.b.g.types[&kt].shape[3];
-            let ku = c.n(Op::Unsqueeze { axes: vec![2] }, &[&kt], &format!("{p}.self_attn.keys_u"));
-            let ke = c.n(Op::Expand { shape: vec![1, hkv as i64, g as i64, d as i64, t as i64] }, &[&ku], &format!("{p}.self_attn.keys_rep"));
-            let ke = c.n(Op::Reshape { shape: vec![1, hq as i64, d as i64, t as i64] }, &[&ke], &format!("{p}.self_attn.keys_heads"));
-            let qh = c.n(Op::Reshape { shape: vec![1, hq as i64, s as i64, d as i64] }, &[&q], &format!("{p}.self_attn.q_heads_full"));
+            let ku = c.n(
+                Op::Unsqueeze { axes: vec![2] },
+                &[&kt],
+                &format!("{p}.self_attn.keys_u"),
+            );
+            let ke = c.n(
+                Op::Expand {
+                    shape: vec![1, hkv as i64, g as i64, d as i64, t as i64],
+                },
+                &[&ku],
+                &format!("{p}.self_attn.keys_rep"),
+            );
+            let ke = c.n(
+                Op::Reshape {
+                    shape: vec![1, hq as i64, d as i64, t as i64],
+                },
+                &[&ke],
+                &format!("{p}.self_attn.keys_heads"),
+            );
+            let qh = c.n(
+                Op::Reshape {
+                    shape: vec![1, hq as i64, s as i64, d as i64],
+                },
+                &[&q],
+                &format!("{p}.self_attn.q_heads_full"),
+            );
             c.n(Op::MatMul, &[&qh, &ke], &format!("{p}.self_attn.scores"))
         } else {
-            let qg = c.n(Op::Reshape { shape: vec![1, hkv as i64, (g * s) as i64, d as i64] }, &[&q], &format!("{p}.self_attn.q_grouped"));
+            let qg = c.n(
+                Op::Reshape {
+                    shape: vec![1, hkv as i64, (g * s) as i64, d as i64],
+                },
+                &[&q],
+                &format!("{p}.self_attn.q_grouped"),
+            );
             c.n(Op::MatMul, &[&qg, &kt], &format!("{p}.self_attn.scores"))
         };
-        let sm = c.n(Op::Add, &[&scores, &m.mask], &format!("{p}.self_attn.scores_masked"));
-        let pr = c.n(Op::Softmax { axis: -1 }, &[&sm], &format!("{p}.self_attn.probs"));
+        let sm = c.n(
+            Op::Add,
+            &[&scores, &m.mask],
+            &format!("{p}.self_attn.scores_masked"),
+        );
+        let pr = c.n(
+            Op::Softmax { axis: -1 },
+            &[&sm],
+            &format!("{p}.self_attn.probs"),
+        );
         let a = if v == Variant::DecodeFull && g > 1 {
             let t = c.b.g.types[&av].shape[2];
-            let vu = c.n(Op::Unsqueeze { axes: vec![2] }, &[&av], &format!("{p}.self_attn.values_u"));
-            let ve = c.n(Op::Expand { shape: vec![1, hkv as i64, g as i64, t as i64, d as i64] }, &[&vu], &format!("{p}.self_attn.values_rep"));
-            let ve = c.n(Op::Reshape { shape: vec![1, hq as i64, t as i64, d as i64] }, &[&ve], &format!("{p}.self_attn.values_heads"));
+            let vu = c.n(
+                Op::Unsqueeze { axes: vec![2] },
+                &[&av],
+                &format!("{p}.self_attn.values_u"),
+            );
+            let ve = c.n(
+                Op::Expand {
+                    shape: vec![1, hkv as i64, g as i64, t as i64, d as i64],
+                },
+                &[&vu],
+                &format!("{p}.self_attn.values_rep"),
+            );
+            let ve = c.n(
+                Op::Reshape {
+                    shape: vec![1, hq as i64, t as i64, d as i64],
+                },
+                &[&ve],
+                &format!("{p}.self_attn.values_heads"),
+            );
             c.n(Op::MatMul, &[&pr, &ve], &format!("{p}.self_attn.attn"))
         } else {
             c.n(Op::MatMul, &[&pr, &av], &format!("{p}.self_attn.attn"))
         };
-        let a = c.n(Op::Reshape { shape: vec![1, hq as i64, s as i64, d as i64] }, &[&a], &format!("{p}.self_attn.attn_heads"));
-        let a = c.n(Op::Transpose { perm: vec![0, 2, 1, 3] }, &[&a], &format!("{p}.self_attn.attn_t"));
-        let a = c.n(Op::Reshape { shape: vec![1, s as i64, (hq * d) as i64] }, &[&a], &format!("{p}.self_attn.attn_flat"));
-        let a = c.linear(&a, &layer(i, "self_attn.o_proj.weight"), hsz, hq * d, &format!("{p}.self_attn.o_proj"));
-        let a = c.rms_norm(&a, Some((&layer(i, "post_attention_layernorm.weight"), hsz)), &format!("{p}.post_attention_layernorm"));
+        let a = c.n(
+            Op::Reshape {
+                shape: vec![1, hq as i64, s as i64, d as i64],
+            },
+            &[&a],
+            &format!("{p}.self_attn.attn_heads"),
+        );
+        let a = c.n(
+            Op::Transpose {
+                perm: vec![0, 2, 1, 3],
+            },
+            &[&a],
+            &format!("{p}.self_attn.attn_t"),
+        );
+        let a = c.n(
+            Op::Reshape {
+                shape: vec![1, s as i64, (hq * d) as i64],
+            },
+            &[&a],
+            &format!("{p}.self_attn.attn_flat"),
+        );
+        let a = c.linear(
+            &a,
+            &layer(i, "self_attn.o_proj.weight"),
+            hsz,
+            hq * d,
+            &format!("{p}.self_attn.o_proj"),
+        );
+        let a = c.rms_norm(
+            &a,
+            Some((&layer(i, "post_attention_layernorm.weight"), hsz)),
+            &format!("{p}.post_attention_layernorm"),
+        );
         h = c.n(Op::Add, &[&h, &a], &format!("{p}.attn_residual"));
         // MLP
-        let x = c.rms_norm(&h, Some((&layer(i, "pre_feedforward_layernorm.weight"), hsz)), &format!("{p}.pre_feedforward_layernorm"));
-        let gt = c.linear(&x, &layer(i, "mlp.gate_proj.weight"), l.mlp_width, hsz, &format!("{p}.mlp.gate_proj"));
+        let x = c.rms_norm(
+            &h,
+            Some((&layer(i, "pre_feedforward_layernorm.weight"), hsz)),
+            &format!("{p}.pre_feedforward_layernorm"),
+        );
+        let gt = c.linear(
+            &x,
+            &layer(i, "mlp.gate_proj.weight"),
+            l.mlp_width,
+            hsz,
+            &format!("{p}.mlp.gate_proj"),
+        );
         let gt = c.gelu_tanh(&gt, &format!("{p}.mlp.act"));
-        let up = c.linear(&x, &layer(i, "mlp.up_proj.weight"), l.mlp_width, hsz, &format!("{p}.mlp.up_proj"));
+        let up = c.linear(
+            &x,
+            &layer(i, "mlp.up_proj.weight"),
+            l.mlp_width,
+            hsz,
+            &format!("{p}.mlp.up_proj"),
+        );
         let gu = c.n(Op::Mul, &[&gt, &up], &format!("{p}.mlp.gated"));
-        let dn = c.linear(&gu, &layer(i, "mlp.down_proj.weight"), hsz, l.mlp_width, &format!("{p}.mlp.down_proj"));
-        let dn = c.rms_norm(&dn, Some((&layer(i, "post_feedforward_layernorm.weight"), hsz)), &format!("{p}.post_feedforward_layernorm"));
+        let dn = c.linear(
+            &gu,
+            &layer(i, "mlp.down_proj.weight"),
+            hsz,
+            l.mlp_width,
+            &format!("{p}.mlp.down_proj"),
+        );
+        let dn = c.rms_norm(
+            &dn,
+            Some((&layer(i, "post_feedforward_layernorm.weight"), hsz)),
+            &format!("{p}.post_feedforward_layernorm"),
+        );
         h = c.n(Op::Add, &[&h, &dn], &format!("{p}.mlp_residual"));
         // Per-layer input
         if let Some(ple) = &ple {
-            let pi = c.n(Op::Slice { starts: vec![i as i64], ends: vec![i as i64 + 1], axes: vec![2] }, &[ple], &format!("{p}.per_layer_input_4d"));
-            let pi = c.n(Op::Reshape { shape: vec![1, s as i64, p_dim as i64] }, &[&pi], &format!("{p}.per_layer_input"));
-            let gg = c.linear(&h, &layer(i, "per_layer_input_gate.weight"), p_dim, hsz, &format!("{p}.per_layer_input_gate"));
+            let pi = c.n(
+                Op::Slice {
+                    starts: vec![i as i64],
+                    ends: vec![i as i64 + 1],
+                    axes: vec![2],
+                },
+                &[ple],
+                &format!("{p}.per_layer_input_4d"),
+            );
+            let pi = c.n(
+                Op::Reshape {
+                    shape: vec![1, s as i64, p_dim as i64],
+                },
+                &[&pi],
+                &format!("{p}.per_layer_input"),
+            );
+            let gg = c.linear(
+                &h,
+                &layer(i, "per_layer_input_gate.weight"),
+                p_dim,
+                hsz,
+                &format!("{p}.per_layer_input_gate"),
+            );
             let gg = c.gelu_tanh(&gg, &format!("{p}.per_layer_act"));
             let gg = c.n(Op::Mul, &[&gg, &pi], &format!("{p}.per_layer_gated"));
-            let pp = c.linear(&gg, &layer(i, "per_layer_projection.weight"), hsz, p_dim, &format!("{p}.per_layer_projection"));
-            let pp = c.rms_norm(&pp, Some((&layer(i, "post_per_layer_input_norm.weight"), hsz)), &format!("{p}.post_per_layer_input_norm"));
+            let pp = c.linear(
+                &gg,
+                &layer(i, "per_layer_projection.weight"),
+                hsz,
+                p_dim,
+                &format!("{p}.per_layer_projection"),
+            );
+            let pp = c.rms_norm(
+                &pp,
+                Some((&layer(i, "post_per_layer_input_norm.weight"), hsz)),
+                &format!("{p}.post_per_layer_input_norm"),
+            );
             h = c.n(Op::Add, &[&h, &pp], &format!("{p}.per_layer_residual"));
         }
         let sc = c.b.weight(&layer(i, "layer_scalar"), &[1], false);
         h = c.n(Op::Mul, &[&h, &sc], &format!("{p}.out"));
     }
     let hn = c.rms_norm(&h, Some((names::FINAL_NORM, hsz)), "norm");
-    let out = c.n(Op::Reshape { shape: vec![1, s as i64, hsz as i64] }, &[&hn], "hidden_states");
-    c.b.output(&out, "final hidden state after the final norm, before the host's tied lm_head + softcap");
+    let out = c.n(
+        Op::Reshape {
+            shape: vec![1, s as i64, hsz as i64],
+        },
+        &[&hn],
+        "hidden_states",
+    );
+    c.b.output(
+        &out,
+        "final hidden state after the final norm, before the host's tied lm_head + softcap",
+    );
     // Outputs: hidden first, then presents in layer order.
     let mut g = c.b.finish();
     let hid = g.outputs.pop().unwrap();

@@ -17,7 +17,11 @@ pub trait WeightSource: Send + Sync {
 impl WeightSource for Checkpoint {
     fn weight(&self, name: &str) -> Result<Tensor> {
         let info = self.info(name)?;
-        Ok(Tensor::from_vec(self.store.to_f32(info), info.shape.as_slice(), &Device::Cpu)?)
+        Ok(Tensor::from_vec(
+            self.store.to_f32(info),
+            info.shape.as_slice(),
+            &Device::Cpu,
+        )?)
     }
 }
 
@@ -56,14 +60,21 @@ impl Interpreter {
                 last.insert(i, k);
             }
         }
-        let outs: std::collections::HashSet<&str> = graph.outputs.iter().map(|o| o.name.as_str()).collect();
+        let outs: std::collections::HashSet<&str> =
+            graph.outputs.iter().map(|o| o.name.as_str()).collect();
         let mut frees = vec![Vec::new(); graph.nodes.len()];
         for (name, k) in last {
             if !outs.contains(name) && !graph.initializers.iter().any(|i| i.name == name) {
                 frees[k].push(name.to_string());
             }
         }
-        Ok(Interpreter { graph, src, cache: Mutex::new(HashMap::new()), weights: Default::default(), frees })
+        Ok(Interpreter {
+            graph,
+            src,
+            cache: Mutex::new(HashMap::new()),
+            weights: Default::default(),
+            frees,
+        })
     }
 
     /// Share the weight cache of another interpreter over the same checkpoint.
@@ -79,7 +90,12 @@ impl Interpreter {
         if let Some(t) = self.weights.lock().unwrap().get(name) {
             return Ok(t.clone());
         }
-        let init = self.graph.initializers.iter().find(|i| i.name == name).unwrap();
+        let init = self
+            .graph
+            .initializers
+            .iter()
+            .find(|i| i.name == name)
+            .unwrap();
         let dev = Device::Cpu;
         let t = match &init.source {
             InitSource::F32(v) => Tensor::from_vec(v.clone(), init.ty.shape.as_slice(), &dev)?,
@@ -88,26 +104,52 @@ impl Interpreter {
                 let w = self.src.weight(tensor)?;
                 // A transposed *view* of the [out, in] weight: the same memory layout the reference
                 // forward multiplies with (and half the memory of a transposed copy).
-                let w = if *transpose { w.t()? } else { w.reshape(init.ty.shape.as_slice())? };
-                self.weights.lock().unwrap().insert(name.to_string(), w.clone());
+                let w = if *transpose {
+                    w.t()?
+                } else {
+                    w.reshape(init.ty.shape.as_slice())?
+                };
+                self.weights
+                    .lock()
+                    .unwrap()
+                    .insert(name.to_string(), w.clone());
                 return Ok(w);
             }
         };
-        self.cache.lock().unwrap().insert(name.to_string(), t.clone());
+        self.cache
+            .lock()
+            .unwrap()
+            .insert(name.to_string(), t.clone());
         Ok(t)
     }
 
     /// Run the graph. `inputs` by name (f32 tensors; int inputs as i64 or u32/i32-valued f32 are not accepted:
     /// pass i64). Returns the graph outputs by name.
-    pub fn run(&self, inputs: &HashMap<String, Tensor>, hook: &mut dyn Hook) -> Result<HashMap<String, Tensor>> {
+    pub fn run(
+        &self,
+        inputs: &HashMap<String, Tensor>,
+        hook: &mut dyn Hook,
+    ) -> Result<HashMap<String, Tensor>> {
         let g = &self.graph;
         let mut vals: HashMap<String, Tensor> = HashMap::new();
         for vi in &g.inputs {
-            let t = inputs.get(&vi.name).ok_or_else(|| Error::Msg(format!("graph {}: missing input {:?}", g.name, vi.name)))?;
+            let t = inputs.get(&vi.name).ok_or_else(|| {
+                Error::Msg(format!("graph {}: missing input {:?}", g.name, vi.name))
+            })?;
             if t.dims() != vi.ty.shape.as_slice() {
-                return Err(Error::Msg(format!("graph {}: input {:?} has shape {:?}, contract says {:?}", g.name, vi.name, t.dims(), vi.ty.shape)));
+                return Err(Error::Msg(format!(
+                    "graph {}: input {:?} has shape {:?}, contract says {:?}",
+                    g.name,
+                    vi.name,
+                    t.dims(),
+                    vi.ty.shape
+                )));
             }
-            let want = if vi.ty.dtype.is_float() { CD::F32 } else { CD::I64 };
+            let want = if vi.ty.dtype.is_float() {
+                CD::F32
+            } else {
+                CD::I64
+            };
             let t = t.to_dtype(want)?;
             let t = hook.tensor(&vi.name, &t).unwrap_or(t);
             vals.insert(vi.name.clone(), t);
@@ -127,12 +169,19 @@ impl Interpreter {
                 vals.remove(f);
             }
         }
-        Ok(g.outputs.iter().map(|o| (o.name.clone(), vals.remove(&o.name).unwrap())).collect())
+        Ok(g.outputs
+            .iter()
+            .map(|o| (o.name.clone(), vals.remove(&o.name).unwrap()))
+            .collect())
     }
 }
 
 fn bshape(t: &Tensor, shape: &[usize]) -> candle_core::Result<Tensor> {
-    if t.dims() == shape { Ok(t.clone()) } else { t.broadcast_as(shape)?.contiguous() }
+    if t.dims() == shape {
+        Ok(t.clone())
+    } else {
+        t.broadcast_as(shape)?.contiguous()
+    }
 }
 
 fn i64s(t: &Tensor) -> candle_core::Result<Vec<i64>> {
@@ -149,8 +198,17 @@ fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
         Op::Div => x[0].broadcast_div(x[1])?,
         Op::Pow => {
             let a = bshape(x[0], out)?.flatten_all()?.to_vec1::<f32>()?;
-            let b = bshape(&x[1].to_dtype(CD::F32)?, out)?.flatten_all()?.to_vec1::<f32>()?;
-            Tensor::from_vec(a.iter().zip(&b).map(|(p, q)| p.powf(*q)).collect::<Vec<_>>(), out, &dev)?
+            let b = bshape(&x[1].to_dtype(CD::F32)?, out)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            Tensor::from_vec(
+                a.iter()
+                    .zip(&b)
+                    .map(|(p, q)| p.powf(*q))
+                    .collect::<Vec<_>>(),
+                out,
+                &dev,
+            )?
         }
         Op::Sqrt => x[0].sqrt()?,
         Op::Reciprocal => x[0].recip()?,
@@ -161,20 +219,51 @@ fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
         Op::Mod => {
             let a = i64s(&bshape(x[0], out)?)?;
             let b = i64s(&bshape(x[1], out)?)?;
-            Tensor::from_vec(a.iter().zip(&b).map(|(p, q)| p.rem_euclid(*q) + if *q < 0 && p.rem_euclid(*q) != 0 { *q } else { 0 }).collect::<Vec<_>>(), out, &dev)?
+            Tensor::from_vec(
+                a.iter()
+                    .zip(&b)
+                    .map(|(p, q)| {
+                        p.rem_euclid(*q)
+                            + if *q < 0 && p.rem_euclid(*q) != 0 {
+                                *q
+                            } else {
+                                0
+                            }
+                    })
+                    .collect::<Vec<_>>(),
+                out,
+                &dev,
+            )?
         }
         Op::ReduceMean { axes, keepdims } => {
             let r = x[0].rank();
             let mut t = x[0].clone();
-            let mut ax: Vec<usize> = axes.iter().map(|&a| if a < 0 { (a + r as i64) as usize } else { a as usize }).collect();
+            let mut ax: Vec<usize> = axes
+                .iter()
+                .map(|&a| {
+                    if a < 0 {
+                        (a + r as i64) as usize
+                    } else {
+                        a as usize
+                    }
+                })
+                .collect();
             ax.sort();
             for &a in ax.iter().rev() {
                 t = t.mean_keepdim(a)?;
             }
-            if !keepdims { t.reshape(out)? } else { t }
+            if !keepdims {
+                t.reshape(out)?
+            } else {
+                t
+            }
         }
         Op::Softmax { axis } => {
-            let a = if *axis < 0 { (*axis + x[0].rank() as i64) as usize } else { *axis as usize };
+            let a = if *axis < 0 {
+                (*axis + x[0].rank() as i64) as usize
+            } else {
+                *axis as usize
+            };
             let m = x[0].max_keepdim(a)?;
             let ex = x[0].broadcast_sub(&m)?.exp()?;
             ex.broadcast_div(&ex.sum_keepdim(a)?)?
@@ -182,13 +271,21 @@ fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
         Op::Reshape { .. } | Op::Unsqueeze { .. } => x[0].reshape(out)?,
         Op::Transpose { perm } => x[0].permute(perm.as_slice())?.contiguous()?,
         Op::Concat { axis } => {
-            let a = if *axis < 0 { (*axis + x[0].rank() as i64) as usize } else { *axis as usize };
+            let a = if *axis < 0 {
+                (*axis + x[0].rank() as i64) as usize
+            } else {
+                *axis as usize
+            };
             Tensor::cat(x, a)?
         }
         Op::Slice { starts, ends, axes } => {
             let mut t = x[0].clone();
             for ((&st, &en), &ax) in starts.iter().zip(ends).zip(axes) {
-                let a = if ax < 0 { (ax + t.rank() as i64) as usize } else { ax as usize };
+                let a = if ax < 0 {
+                    (ax + t.rank() as i64) as usize
+                } else {
+                    ax as usize
+                };
                 let d = t.dim(a)? as i64;
                 let cl = |v: i64| if v < 0 { (v + d).max(0) } else { v.min(d) };
                 let (s0, s1) = (cl(st), cl(en));
@@ -197,9 +294,16 @@ fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
             t.contiguous()?
         }
         Op::Gather { axis } => {
-            let a = if *axis < 0 { (*axis + x[0].rank() as i64) as usize } else { *axis as usize };
+            let a = if *axis < 0 {
+                (*axis + x[0].rank() as i64) as usize
+            } else {
+                *axis as usize
+            };
             let d = x[0].dim(a)? as i64;
-            let idx: Vec<i64> = i64s(x[1])?.into_iter().map(|i| if i < 0 { i + d } else { i }).collect();
+            let idx: Vec<i64> = i64s(x[1])?
+                .into_iter()
+                .map(|i| if i < 0 { i + d } else { i })
+                .collect();
             if let Some(bad) = idx.iter().find(|&&i| i < 0 || i >= d) {
                 candle_core::bail!("Gather index {bad} out of range for axis of {d}");
             }
@@ -213,7 +317,11 @@ fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
             let k = *x[1].dims().last().unwrap();
             let inner: usize = shape[k..].iter().product();
             let is_f = data.dtype() == CD::F32;
-            let mut dv: Vec<f32> = if is_f { data.flatten_all()?.to_vec1()? } else { i64s(&data)?.into_iter().map(|v| v as f32).collect() };
+            let mut dv: Vec<f32> = if is_f {
+                data.flatten_all()?.to_vec1()?
+            } else {
+                i64s(&data)?.into_iter().map(|v| v as f32).collect()
+            };
             let uv: Vec<f32> = x[2].to_dtype(CD::F32)?.flatten_all()?.to_vec1()?;
             let strides: Vec<usize> = (0..k).map(|i| shape[i + 1..].iter().product()).collect();
             for (r, ix) in idx.chunks(k).enumerate() {
@@ -229,7 +337,11 @@ fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
                 dv[off..off + inner].copy_from_slice(&uv[r * inner..(r + 1) * inner]);
             }
             let t = Tensor::from_vec(dv, shape.as_slice(), &dev)?;
-            if is_f { t } else { t.to_dtype(CD::I64)? }
+            if is_f {
+                t
+            } else {
+                t.to_dtype(CD::I64)?
+            }
         }
         Op::Where => {
             let c = bshape(x[0], out)?;

@@ -49,7 +49,10 @@ pub struct TensorType {
 
 impl TensorType {
     pub fn new(dtype: DType, shape: &[usize]) -> Self {
-        TensorType { dtype, shape: shape.to_vec() }
+        TensorType {
+            dtype,
+            shape: shape.to_vec(),
+        }
     }
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -76,24 +79,47 @@ pub enum Op {
     Sin,
     /// Integer Mod with fmod=0 (result has the divisor's sign).
     Mod,
-    ReduceMean { axes: Vec<i64>, keepdims: bool },
-    Softmax { axis: i64 },
+    ReduceMean {
+        axes: Vec<i64>,
+        keepdims: bool,
+    },
+    Softmax {
+        axis: i64,
+    },
     /// Target shape as an attribute here; exported as a constant shape input.
-    Reshape { shape: Vec<i64> },
-    Transpose { perm: Vec<usize> },
-    Concat { axis: i64 },
+    Reshape {
+        shape: Vec<i64>,
+    },
+    Transpose {
+        perm: Vec<usize>,
+    },
+    Concat {
+        axis: i64,
+    },
     /// Static slice; exported with constant starts/ends/axes inputs.
-    Slice { starts: Vec<i64>, ends: Vec<i64>, axes: Vec<i64> },
-    Gather { axis: i64 },
+    Slice {
+        starts: Vec<i64>,
+        ends: Vec<i64>,
+        axes: Vec<i64>,
+    },
+    Gather {
+        axis: i64,
+    },
     ScatterND,
     Where,
     Equal,
     Less,
     Greater,
-    Cast { to: DType },
+    Cast {
+        to: DType,
+    },
     /// Only in the naive decode_full baseline (KV repeated per query head).
-    Expand { shape: Vec<i64> },
-    Unsqueeze { axes: Vec<i64> },
+    Expand {
+        shape: Vec<i64>,
+    },
+    Unsqueeze {
+        axes: Vec<i64>,
+    },
 }
 
 impl Op {
@@ -143,7 +169,10 @@ pub struct Node {
 #[derive(Debug, Clone, Serialize)]
 pub enum InitSource {
     /// A checkpoint tensor (prefix-relative name), optionally transposed (2-D: [out,in] → [in,out] for MatMul).
-    Weight { tensor: String, transpose: bool },
+    Weight {
+        tensor: String,
+        transpose: bool,
+    },
     /// Small constant computed at build time (masks' constants, RoPE tables, scalars).
     F32(Vec<f32>),
     I64(Vec<i64>),
@@ -188,9 +217,23 @@ pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let x = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
-        let y = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
-        out[i] = if x == y || y == 1 { x } else if x == 1 { y } else { return None };
+        let x = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let y = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
+        out[i] = if x == y || y == 1 {
+            x
+        } else if x == 1 {
+            y
+        } else {
+            return None;
+        };
     }
     Some(out)
 }
@@ -202,21 +245,47 @@ fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
 
 /// Output type of `op` for the given input types (shape inference), or why not.
 pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<TensorType, String> {
-    let need = |n: usize| if ins.len() == n { Ok(()) } else { Err(format!("{} takes {n} inputs, got {}", op.onnx_name(), ins.len())) };
-    let same_dtype = |a: &TensorType, b: &TensorType| if a.dtype == b.dtype { Ok(()) } else { Err(format!("dtype mismatch {:?} vs {:?}", a.dtype, b.dtype)) };
+    let need = |n: usize| {
+        if ins.len() == n {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} takes {n} inputs, got {}",
+                op.onnx_name(),
+                ins.len()
+            ))
+        }
+    };
+    let same_dtype = |a: &TensorType, b: &TensorType| {
+        if a.dtype == b.dtype {
+            Ok(())
+        } else {
+            Err(format!("dtype mismatch {:?} vs {:?}", a.dtype, b.dtype))
+        }
+    };
     match op {
         Op::Add | Op::Sub | Op::Mul | Op::Div | Op::Pow | Op::Mod => {
             need(2)?;
             if *op != Op::Pow {
                 same_dtype(ins[0], ins[1])?;
             }
-            let s = broadcast(&ins[0].shape, &ins[1].shape).ok_or_else(|| format!("shapes {:?} and {:?} do not broadcast", ins[0].shape, ins[1].shape))?;
+            let s = broadcast(&ins[0].shape, &ins[1].shape).ok_or_else(|| {
+                format!(
+                    "shapes {:?} and {:?} do not broadcast",
+                    ins[0].shape, ins[1].shape
+                )
+            })?;
             Ok(TensorType::new(ins[0].dtype, &s))
         }
         Op::Equal | Op::Less | Op::Greater => {
             need(2)?;
             same_dtype(ins[0], ins[1])?;
-            let s = broadcast(&ins[0].shape, &ins[1].shape).ok_or_else(|| format!("shapes {:?} and {:?} do not broadcast", ins[0].shape, ins[1].shape))?;
+            let s = broadcast(&ins[0].shape, &ins[1].shape).ok_or_else(|| {
+                format!(
+                    "shapes {:?} and {:?} do not broadcast",
+                    ins[0].shape, ins[1].shape
+                )
+            })?;
             Ok(TensorType::new(DType::Bool, &s))
         }
         Op::Sqrt | Op::Reciprocal | Op::Neg | Op::Tanh | Op::Cos | Op::Sin => {
@@ -239,15 +308,30 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<TensorType, String> {
             if k1 != k2 {
                 return Err(format!("MatMul inner dims differ: {a:?} x {b:?}"));
             }
-            let mut s = broadcast(&a[..a.len() - 2], &b[..b.len() - 2]).ok_or_else(|| format!("MatMul batch dims do not broadcast: {a:?} x {b:?}"))?;
+            let mut s = broadcast(&a[..a.len() - 2], &b[..b.len() - 2])
+                .ok_or_else(|| format!("MatMul batch dims do not broadcast: {a:?} x {b:?}"))?;
             s.extend([m, n]);
             Ok(TensorType::new(ins[0].dtype, &s))
         }
         Op::ReduceMean { axes, keepdims } => {
             need(1)?;
             let r = ins[0].shape.len();
-            let ax: Vec<usize> = axes.iter().map(|&a| norm_axis(a, r).ok_or(format!("axis {a} out of range"))).collect::<Result<_, _>>()?;
-            let s: Vec<usize> = ins[0].shape.iter().enumerate().filter_map(|(i, &d)| if ax.contains(&i) { keepdims.then_some(1) } else { Some(d) }).collect();
+            let ax: Vec<usize> = axes
+                .iter()
+                .map(|&a| norm_axis(a, r).ok_or(format!("axis {a} out of range")))
+                .collect::<Result<_, _>>()?;
+            let s: Vec<usize> = ins[0]
+                .shape
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &d)| {
+                    if ax.contains(&i) {
+                        keepdims.then_some(1)
+                    } else {
+                        Some(d)
+                    }
+                })
+                .collect();
             Ok(TensorType::new(ins[0].dtype, &s))
         }
         Op::Softmax { axis } => {
@@ -280,7 +364,10 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<TensorType, String> {
                 }
                 out[i] = n / p;
             } else if p != n {
-                return Err(format!("cannot reshape {:?} ({n} elements) to {shape:?}", ins[0].shape));
+                return Err(format!(
+                    "cannot reshape {:?} ({n} elements) to {shape:?}",
+                    ins[0].shape
+                ));
             }
             Ok(TensorType::new(ins[0].dtype, &out))
         }
@@ -292,7 +379,10 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<TensorType, String> {
             if seen != (0..r).collect::<Vec<_>>() {
                 return Err(format!("perm {perm:?} is not a permutation of rank {r}"));
             }
-            Ok(TensorType::new(ins[0].dtype, &perm.iter().map(|&p| ins[0].shape[p]).collect::<Vec<_>>()))
+            Ok(TensorType::new(
+                ins[0].dtype,
+                &perm.iter().map(|&p| ins[0].shape[p]).collect::<Vec<_>>(),
+            ))
         }
         Op::Concat { axis } => {
             if ins.is_empty() {
@@ -304,7 +394,10 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<TensorType, String> {
             for t in &ins[1..] {
                 same_dtype(ins[0], t)?;
                 if t.shape.len() != r || (0..r).any(|i| i != a && t.shape[i] != s[i]) {
-                    return Err(format!("Concat shapes {:?} and {:?} differ off axis {a}", ins[0].shape, t.shape));
+                    return Err(format!(
+                        "Concat shapes {:?} and {:?} differ off axis {a}",
+                        ins[0].shape, t.shape
+                    ));
                 }
                 s[a] += t.shape[a];
             }
@@ -342,7 +435,10 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<TensorType, String> {
             let mut want = i.shape[..i.shape.len() - 1].to_vec();
             want.extend(&d.shape[k.min(d.shape.len())..]);
             if k > d.shape.len() || u.shape != want {
-                return Err(format!("ScatterND updates {:?} do not fit data {:?} / indices {:?}", u.shape, d.shape, i.shape));
+                return Err(format!(
+                    "ScatterND updates {:?} do not fit data {:?} / indices {:?}",
+                    u.shape, d.shape, i.shape
+                ));
             }
             same_dtype(d, u)?;
             Ok(d.clone())
@@ -353,21 +449,38 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<TensorType, String> {
                 return Err("Where condition must be bool".into());
             }
             same_dtype(ins[1], ins[2])?;
-            let s = broadcast(&ins[0].shape, &ins[1].shape).and_then(|s| broadcast(&s, &ins[2].shape)).ok_or("Where shapes do not broadcast")?;
+            let s = broadcast(&ins[0].shape, &ins[1].shape)
+                .and_then(|s| broadcast(&s, &ins[2].shape))
+                .ok_or("Where shapes do not broadcast")?;
             Ok(TensorType::new(ins[1].dtype, &s))
         }
         Op::Expand { shape } => {
             need(1)?;
             let tgt: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-            let s = broadcast(&ins[0].shape, &tgt).ok_or_else(|| format!("cannot expand {:?} to {shape:?}", ins[0].shape))?;
+            let s = broadcast(&ins[0].shape, &tgt)
+                .ok_or_else(|| format!("cannot expand {:?} to {shape:?}", ins[0].shape))?;
             Ok(TensorType::new(ins[0].dtype, &s))
         }
         Op::Unsqueeze { axes } => {
             need(1)?;
             let r = ins[0].shape.len() + axes.len();
-            let ax: Vec<usize> = axes.iter().map(|&a| norm_axis(a, r).ok_or("axis out of range")).collect::<Result<_, _>>()?;
+            let ax: Vec<usize> = axes
+                .iter()
+                .map(|&a| norm_axis(a, r).ok_or("axis out of range"))
+                .collect::<Result<_, _>>()?;
             let mut it = ins[0].shape.iter();
-            Ok(TensorType::new(ins[0].dtype, &(0..r).map(|i| if ax.contains(&i) { 1 } else { *it.next().unwrap() }).collect::<Vec<_>>()))
+            Ok(TensorType::new(
+                ins[0].dtype,
+                &(0..r)
+                    .map(|i| {
+                        if ax.contains(&i) {
+                            1
+                        } else {
+                            *it.next().unwrap()
+                        }
+                    })
+                    .collect::<Vec<_>>(),
+            ))
         }
     }
 }
@@ -376,7 +489,11 @@ impl Graph {
     /// Check the graph: unique names, every input defined before use (topological order, hence no cycle),
     /// every recorded type equal to what shape inference derives, outputs produced.
     pub fn validate(&self) -> Result<(), GraphError> {
-        let err = |node: &str, msg: String| GraphError { graph: self.name.clone(), node: node.to_string(), msg };
+        let err = |node: &str, msg: String| GraphError {
+            graph: self.name.clone(),
+            node: node.to_string(),
+            msg,
+        };
         let mut defined: HashMap<&str, TensorType> = HashMap::new();
         for v in &self.inputs {
             if defined.insert(&v.name, v.ty.clone()).is_some() {
@@ -394,7 +511,14 @@ impl Graph {
             };
             if let Some(n) = n {
                 if n != i.ty.numel() {
-                    return Err(err(&i.name, format!("constant has {n} values, shape {:?} needs {}", i.ty.shape, i.ty.numel())));
+                    return Err(err(
+                        &i.name,
+                        format!(
+                            "constant has {n} values, shape {:?} needs {}",
+                            i.ty.shape,
+                            i.ty.numel()
+                        ),
+                    ));
                 }
             }
         }
@@ -409,7 +533,11 @@ impl Graph {
                     Some(t) => ins.push(t.clone()),
                     None => {
                         let later = self.nodes.iter().any(|m| m.outputs.contains(i));
-                        let why = if later { "is produced later (cycle or nodes out of topological order)" } else { "is not defined" };
+                        let why = if later {
+                            "is produced later (cycle or nodes out of topological order)"
+                        } else {
+                            "is not defined"
+                        };
                         return Err(err(&n.name, format!("input {i:?} {why}")));
                     }
                 }
@@ -417,12 +545,21 @@ impl Graph {
             let refs: Vec<&TensorType> = ins.iter().collect();
             let t = infer(&n.op, &refs).map_err(|m| err(&n.name, m))?;
             if n.outputs.len() != 1 {
-                return Err(err(&n.name, format!("{} outputs; IR ops have one", n.outputs.len())));
+                return Err(err(
+                    &n.name,
+                    format!("{} outputs; IR ops have one", n.outputs.len()),
+                ));
             }
             let o = &n.outputs[0];
             if let Some(rec) = self.types.get(o) {
                 if *rec != t {
-                    return Err(err(&n.name, format!("output {o:?} recorded as {:?} {:?}, inferred {:?} {:?}", rec.dtype, rec.shape, t.dtype, t.shape)));
+                    return Err(err(
+                        &n.name,
+                        format!(
+                            "output {o:?} recorded as {:?} {:?}, inferred {:?} {:?}",
+                            rec.dtype, rec.shape, t.dtype, t.shape
+                        ),
+                    ));
                 }
             }
             if defined.insert(o, t).is_some() {
@@ -432,7 +569,15 @@ impl Graph {
         for o in &self.outputs {
             match defined.get(o.name.as_str()) {
                 None => return Err(err(&o.name, "graph output is never produced".into())),
-                Some(t) if *t != o.ty => return Err(err(&o.name, format!("graph output declared {:?} {:?}, computed {:?} {:?}", o.ty.dtype, o.ty.shape, t.dtype, t.shape))),
+                Some(t) if *t != o.ty => {
+                    return Err(err(
+                        &o.name,
+                        format!(
+                            "graph output declared {:?} {:?}, computed {:?} {:?}",
+                            o.ty.dtype, o.ty.shape, t.dtype, t.shape
+                        ),
+                    ))
+                }
                 _ => {}
             }
         }
@@ -449,7 +594,10 @@ impl Graph {
     }
 
     pub fn count(&self, name: &str) -> usize {
-        self.nodes.iter().filter(|n| n.op.onnx_name() == name).count()
+        self.nodes
+            .iter()
+            .filter(|n| n.op.onnx_name() == name)
+            .count()
     }
 
     /// SHA256 over the graph's structure and constants (weights by reference): identifies what was calibrated.
@@ -466,7 +614,10 @@ impl Graph {
         }
         for i in &self.initializers {
             match &i.source {
-                InitSource::Weight { tensor, transpose } => put(&format!("w {} {tensor} {transpose} {:?}", i.name, i.ty.shape)),
+                InitSource::Weight { tensor, transpose } => put(&format!(
+                    "w {} {tensor} {transpose} {:?}",
+                    i.name, i.ty.shape
+                )),
                 InitSource::F32(v) => {
                     put(&format!("f {} {:?}", i.name, i.ty.shape));
                     let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -476,7 +627,10 @@ impl Graph {
             }
         }
         for n in &self.nodes {
-            put(&format!("n {} {:?} {:?} {:?}", n.name, n.op, n.inputs, n.outputs));
+            put(&format!(
+                "n {} {:?} {:?} {:?}",
+                n.name, n.op, n.inputs, n.outputs
+            ));
         }
         format!("{:x}", h.finalize())
     }
@@ -498,36 +652,69 @@ pub struct Builder {
 
 impl Builder {
     pub fn new(name: &str) -> Self {
-        Builder { g: Graph { name: name.into(), ..Default::default() }, counter: HashMap::new() }
+        Builder {
+            g: Graph {
+                name: name.into(),
+                ..Default::default()
+            },
+            counter: HashMap::new(),
+        }
     }
 
     fn fresh(&mut self, base: &str) -> String {
         let c = self.counter.entry(base.to_string()).or_default();
         *c += 1;
-        if *c == 1 { base.to_string() } else { format!("{base}_{}", *c - 1) }
+        if *c == 1 {
+            base.to_string()
+        } else {
+            format!("{base}_{}", *c - 1)
+        }
     }
 
     pub fn input(&mut self, name: &str, dtype: DType, shape: &[usize], doc: &str) -> String {
         let ty = TensorType::new(dtype, shape);
         self.g.types.insert(name.into(), ty.clone());
-        self.g.inputs.push(ValueInfo { name: name.into(), ty, doc: doc.into() });
+        self.g.inputs.push(ValueInfo {
+            name: name.into(),
+            ty,
+            doc: doc.into(),
+        });
         name.into()
     }
 
     pub fn output(&mut self, name: &str, doc: &str) {
         let ty = self.g.types[name].clone();
-        self.g.outputs.push(ValueInfo { name: name.into(), ty, doc: doc.into() });
+        self.g.outputs.push(ValueInfo {
+            name: name.into(),
+            ty,
+            doc: doc.into(),
+        });
     }
 
     pub fn weight(&mut self, tensor: &str, shape: &[usize], transpose: bool) -> String {
-        let name = if transpose { format!("{tensor}.T") } else { tensor.to_string() };
+        let name = if transpose {
+            format!("{tensor}.T")
+        } else {
+            tensor.to_string()
+        };
         if self.g.types.contains_key(&name) {
             return name;
         }
-        let s = if transpose { vec![shape[1], shape[0]] } else { shape.to_vec() };
+        let s = if transpose {
+            vec![shape[1], shape[0]]
+        } else {
+            shape.to_vec()
+        };
         let ty = TensorType::new(DType::F32, &s);
         self.g.types.insert(name.clone(), ty.clone());
-        self.g.initializers.push(Initializer { name: name.clone(), ty, source: InitSource::Weight { tensor: tensor.into(), transpose } });
+        self.g.initializers.push(Initializer {
+            name: name.clone(),
+            ty,
+            source: InitSource::Weight {
+                tensor: tensor.into(),
+                transpose,
+            },
+        });
         name
     }
 
@@ -535,7 +722,11 @@ impl Builder {
         let name = self.fresh(name);
         let ty = TensorType::new(DType::F32, shape);
         self.g.types.insert(name.clone(), ty.clone());
-        self.g.initializers.push(Initializer { name: name.clone(), ty, source: InitSource::F32(v) });
+        self.g.initializers.push(Initializer {
+            name: name.clone(),
+            ty,
+            source: InitSource::F32(v),
+        });
         name
     }
 
@@ -543,7 +734,11 @@ impl Builder {
         let name = self.fresh(name);
         let ty = TensorType::new(DType::I64, shape);
         self.g.types.insert(name.clone(), ty.clone());
-        self.g.initializers.push(Initializer { name: name.clone(), ty, source: InitSource::I64(v) });
+        self.g.initializers.push(Initializer {
+            name: name.clone(),
+            ty,
+            source: InitSource::I64(v),
+        });
         name
     }
 
@@ -551,10 +746,24 @@ impl Builder {
     /// builders are code, a failure here is a bug in hexq, not in the user's input.
     pub fn node(&mut self, op: Op, inputs: &[&str], out: &str) -> String {
         let out = self.fresh(out);
-        let ins: Vec<&TensorType> = inputs.iter().map(|i| self.g.types.get(*i).unwrap_or_else(|| panic!("node {out}: unknown input {i}"))).collect();
-        let t = infer(&op, &ins).unwrap_or_else(|e| panic!("graph {}: node {out}: {e}", self.g.name));
+        let ins: Vec<&TensorType> = inputs
+            .iter()
+            .map(|i| {
+                self.g
+                    .types
+                    .get(*i)
+                    .unwrap_or_else(|| panic!("node {out}: unknown input {i}"))
+            })
+            .collect();
+        let t =
+            infer(&op, &ins).unwrap_or_else(|e| panic!("graph {}: node {out}: {e}", self.g.name));
         self.g.types.insert(out.clone(), t);
-        self.g.nodes.push(Node { name: out.clone(), op, inputs: inputs.iter().map(|s| s.to_string()).collect(), outputs: vec![out.clone()] });
+        self.g.nodes.push(Node {
+            name: out.clone(),
+            op,
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: vec![out.clone()],
+        });
         out
     }
 

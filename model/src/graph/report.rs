@@ -30,14 +30,34 @@ pub struct Summary {
 }
 
 pub fn kv_traffic(g: &Graph) -> KvTraffic {
-    let kv: Vec<_> = g.inputs.iter().filter(|v| v.name.starts_with("past_")).collect();
+    let kv: Vec<_> = g
+        .inputs
+        .iter()
+        .filter(|v| v.name.starts_with("past_"))
+        .collect();
     let elements: usize = kv.iter().map(|v| v.ty.numel()).sum();
-    KvTraffic { elements, bytes_f32: elements * 4, bytes_int16: elements * 2, bytes_int8: elements, buffers: kv.len() }
+    KvTraffic {
+        elements,
+        bytes_f32: elements * 4,
+        bytes_int16: elements * 2,
+        bytes_int8: elements,
+        buffers: kv.len(),
+    }
 }
 
 pub fn summary(g: &Graph) -> Summary {
-    let io = |v: &super::ir::ValueInfo| (v.name.clone(), format!("{:?}", v.ty.dtype), v.ty.shape.clone());
-    let w: Vec<_> = g.initializers.iter().filter(|i| matches!(i.source, InitSource::Weight { .. })).collect();
+    let io = |v: &super::ir::ValueInfo| {
+        (
+            v.name.clone(),
+            format!("{:?}", v.ty.dtype),
+            v.ty.shape.clone(),
+        )
+    };
+    let w: Vec<_> = g
+        .initializers
+        .iter()
+        .filter(|i| matches!(i.source, InitSource::Weight { .. }))
+        .collect();
     Summary {
         name: g.name.clone(),
         nodes: g.nodes.len(),
@@ -47,22 +67,40 @@ pub fn summary(g: &Graph) -> Summary {
         outputs: g.outputs.iter().map(io).collect(),
         weight_initializers: w.len(),
         weight_parameters: w.iter().map(|i| i.ty.numel()).sum(),
-        constant_bytes: g.initializers.iter().filter(|i| !matches!(i.source, InitSource::Weight { .. })).map(|i| i.ty.bytes()).sum(),
+        constant_bytes: g
+            .initializers
+            .iter()
+            .filter(|i| !matches!(i.source, InitSource::Weight { .. }))
+            .map(|i| i.ty.bytes())
+            .sum(),
         kv_read_per_call: kv_traffic(g),
     }
 }
 
 /// Markdown table of a graph's inputs and outputs: name, dtype, shape, meaning.
 pub fn io_contract_markdown(g: &Graph) -> String {
-    let mut s = format!("### `{}`\n\n| direction | name | dtype | shape | meaning |\n|---|---|---|---|---|\n", g.name);
+    let mut s = format!(
+        "### `{}`\n\n| direction | name | dtype | shape | meaning |\n|---|---|---|---|---|\n",
+        g.name
+    );
     // Collapse the per-layer KV rows into one line per buffer shape to keep the table readable.
     for (dir, list) in [("in", &g.inputs), ("out", &g.outputs)] {
         let mut kv: BTreeMap<(String, Vec<usize>), Vec<String>> = BTreeMap::new();
         for v in list.iter() {
-            let kvname = ["past_key_", "past_value_", "present_key_", "present_value_"].iter().find(|p| v.name.starts_with(**p));
+            let kvname = ["past_key_", "past_value_", "present_key_", "present_value_"]
+                .iter()
+                .find(|p| v.name.starts_with(**p));
             match kvname {
-                Some(p) => kv.entry((p.to_string(), v.ty.shape.clone())).or_default().push(v.name[p.len()..].to_string()),
-                None => s += &format!("| {dir} | `{}` | {:?} | {:?} | {} |\n", v.name, v.ty.dtype, v.ty.shape, v.doc),
+                Some(p) => kv
+                    .entry((p.to_string(), v.ty.shape.clone()))
+                    .or_default()
+                    .push(v.name[p.len()..].to_string()),
+                None => {
+                    s += &format!(
+                        "| {dir} | `{}` | {:?} | {:?} | {} |\n",
+                        v.name, v.ty.dtype, v.ty.shape, v.doc
+                    )
+                }
             }
         }
         for ((p, shape), layers) in kv {
@@ -72,7 +110,11 @@ pub fn io_contract_markdown(g: &Graph) -> String {
                 "present_key_" => "the key buffer with this call's entries written; feed back as past_key_N",
                 _ => "the value buffer with this call's entries written; feed back as past_value_N",
             };
-            s += &format!("| {dir} | `{p}N`, N ∈ {{{}}} | F32 | {:?} | {meaning} |\n", layers.join(", "), shape);
+            s += &format!(
+                "| {dir} | `{p}N`, N ∈ {{{}}} | F32 | {:?} | {meaning} |\n",
+                layers.join(", "),
+                shape
+            );
         }
     }
     s
