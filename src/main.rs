@@ -355,25 +355,16 @@ fn run(
     let mut b: Box<dyn hexq_runtime::Backend> = match backend {
         BackendKind::Cpu => Box::new(hexq_runtime::CpuBackend::new(Model::load(ck)?)),
         BackendKind::Graph => {
-            use hexq_model::graph::{build, interp::Interpreter, GraphOptions, Variant};
+            use hexq_model::graph::{GraphOptions, Variant};
             let o = GraphOptions {
                 context,
                 seq: seq.max(1),
             };
-            let d = Interpreter::new(build(&ck.config, Variant::DecodeWgqa, &o), ck.clone())?;
-            let t = if seq > 0 {
-                Some(
-                    Interpreter::new(build(&ck.config, Variant::Trunk, &o), ck.clone())?
-                        .sharing_weights_with(&d),
-                )
-            } else {
-                None
-            };
-            Box::new(hexq_runtime::graph::GraphBackend::new(
-                hexq_model::forward::Host::load(ck.clone())?,
-                d,
-                t,
-                context,
+            Box::new(hexq_runtime::graph::GraphBackend::for_model(
+                &ck,
+                Variant::DecodeWgqa,
+                seq > 0,
+                &o,
             )?)
         }
     };

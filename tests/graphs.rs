@@ -1,7 +1,6 @@
 //! Deployable graphs (decode_wgqa, decode_full, trunk) driven by the host loop against the reference forward.
 
-use hexq_model::forward::{argmax, to_rows, Host};
-use hexq_model::graph::interp::Interpreter;
+use hexq_model::forward::{argmax, to_rows};
 use hexq_model::graph::ir::{Builder, DType, InitSource, Op};
 use hexq_model::graph::{build, GraphOptions, Variant};
 use hexq_model::{Checkpoint, KvCache, Model, ModelConfig};
@@ -42,14 +41,7 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn backend(ck: &Arc<Checkpoint>, decode: Variant, trunk: bool, o: GraphOptions) -> GraphBackend {
-    let cfg = &ck.config;
-    let d = Interpreter::new(build(cfg, decode, &o), ck.clone()).unwrap();
-    let t = trunk.then(|| {
-        Interpreter::new(build(cfg, Variant::Trunk, &o), ck.clone())
-            .unwrap()
-            .sharing_weights_with(&d)
-    });
-    GraphBackend::new(Host::load(ck.clone()).unwrap(), d, t, o.context).unwrap()
+    GraphBackend::for_model(ck, decode, trunk, &o).unwrap()
 }
 
 /// Reference logits at every position of `ids`.

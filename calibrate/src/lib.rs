@@ -11,8 +11,8 @@
 
 use candle_core::{DType as CD, Tensor};
 use hexq_model::chat::{Message, Tokenizer, STOP_IDS};
-use hexq_model::forward::{argmax, Host};
-use hexq_model::graph::interp::{Hook, Interpreter};
+use hexq_model::forward::argmax;
+use hexq_model::graph::interp::Hook;
 use hexq_model::graph::{build, GraphOptions, Variant};
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_runtime::graph::GraphBackend;
@@ -141,20 +141,6 @@ impl Hook for RangeObserver {
     }
 }
 
-/// Runs `first` (which may replace a tensor, e.g. fake-quantize a weight) and observes the result.
-struct Chain {
-    first: Option<Box<dyn Hook + Send>>,
-    obs: RangeObserver,
-}
-
-impl Hook for Chain {
-    fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
-        let r = self.first.as_mut().and_then(|f| f.tensor(name, t));
-        self.obs.tensor(name, r.as_ref().unwrap_or(t));
-        r
-    }
-}
-
 pub struct Options {
     pub variant: Variant,
     pub graph: GraphOptions,
@@ -257,17 +243,13 @@ pub fn calibrate_with(
     } else {
         o.variant
     };
-    let decode = Interpreter::new(build(cfg, decode_variant, &o.graph), ck.clone())?;
-    let trunk = if o.variant == Variant::Trunk {
-        Some(Interpreter::new(g, ck.clone())?.sharing_weights_with(&decode))
-    } else {
-        None
-    };
-    let mut b = GraphBackend::new(Host::load(ck.clone())?, decode, trunk, o.graph.context)?;
-    b.hook = Some(Box::new(Chain {
-        first: params,
-        obs: obs.clone(),
-    }));
+    let mut b =
+        GraphBackend::for_model(&ck, decode_variant, o.variant == Variant::Trunk, &o.graph)?;
+    if let Some(mut p) = params {
+        // Weights fake-quantized once, not on every decode call.
+        b.bake(p.as_mut())?;
+    }
+    b.hook = Some(Box::new(obs.clone()));
     pb.set_length(recs.len() as u64);
     let mut seen = HashSet::new();
     let mut tokens = 0u64;

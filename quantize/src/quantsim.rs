@@ -23,6 +23,18 @@ impl FakeQuant {
 }
 
 impl FakeQuant {
+    /// Only the activation encodings (params are baked into the weights once instead).
+    pub fn activations(e: &Encodings) -> Self {
+        FakeQuant {
+            enc: Arc::new(
+                e.activation_encodings
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            ),
+        }
+    }
+
     /// Only these (param) encodings: the weights as AIMET's calibration sees them.
     pub fn from_params(p: &std::collections::BTreeMap<String, Vec<crate::Encoding>>) -> Self {
         FakeQuant {

@@ -7,9 +7,9 @@ use crate::Encodings;
 use candle_core::Tensor;
 use hexq_calibrate::{Range, RangeObserver, Record, Stats};
 use hexq_model::chat::Tokenizer;
-use hexq_model::forward::{argmax, Host};
-use hexq_model::graph::interp::{Hook, Interpreter};
-use hexq_model::graph::{build, GraphOptions, Variant};
+use hexq_model::forward::argmax;
+use hexq_model::graph::interp::Hook;
+use hexq_model::graph::{GraphOptions, Variant};
 use hexq_model::{Checkpoint, Result};
 use hexq_runtime::graph::GraphBackend;
 use serde::Serialize;
@@ -93,18 +93,12 @@ pub fn kl(float: &[f32], quant: &[f32]) -> f64 {
 }
 
 fn backend(ck: &Arc<Checkpoint>, v: Variant, o: &GraphOptions) -> Result<GraphBackend> {
-    let dv = if v == Variant::Trunk {
+    let decode = if v == Variant::Trunk {
         Variant::DecodeWgqa
     } else {
         v
     };
-    let d = Interpreter::new(build(&ck.config, dv, o), ck.clone())?;
-    let t = if v == Variant::Trunk {
-        Some(Interpreter::new(build(&ck.config, v, o), ck.clone())?.sharing_weights_with(&d))
-    } else {
-        None
-    };
-    GraphBackend::new(Host::load(ck.clone())?, d, t, o.context)
+    GraphBackend::for_model(ck, decode, v == Variant::Trunk, o)
 }
 
 pub fn verify(
@@ -121,7 +115,12 @@ pub fn verify(
     let mut f = backend(&ck, v, o)?;
     let mut q = backend(&ck, v, o)?;
     let obs = RangeObserver::default();
-    q.hook = Some(Box::new(ObserveThenQuant(obs.clone(), FakeQuant::new(enc))));
+    // Params quantized once; activations as they are produced.
+    q.bake(&mut FakeQuant::from_params(&enc.param_encodings))?;
+    q.hook = Some(Box::new(ObserveThenQuant(
+        obs.clone(),
+        FakeQuant::activations(enc),
+    )));
     pb.set_length(recs.len() as u64);
     let mut per = Vec::new();
     for r in recs {

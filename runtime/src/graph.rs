@@ -69,6 +69,35 @@ impl GraphBackend {
         Ok(b)
     }
 
+    /// The usual set-up: the `decode` graph, plus a trunk sharing its weights when `trunk` (chunked prefill).
+    pub fn for_model(
+        ck: &std::sync::Arc<hexq_model::Checkpoint>,
+        decode: hexq_model::graph::Variant,
+        trunk: bool,
+        o: &hexq_model::graph::GraphOptions,
+    ) -> Result<Self> {
+        use hexq_model::graph::{build, Variant};
+        let d = Interpreter::new(build(&ck.config, decode, o), ck.clone())?;
+        let t = if trunk {
+            Some(
+                Interpreter::new(build(&ck.config, Variant::Trunk, o), ck.clone())?
+                    .sharing_weights_with(&d),
+            )
+        } else {
+            None
+        };
+        GraphBackend::new(Host::load(ck.clone())?, d, t, o.context)
+    }
+
+    /// Apply `hook` to the graphs' weights and constants once (see [`Interpreter::bake`]).
+    pub fn bake(&mut self, hook: &mut dyn Hook) -> Result<()> {
+        self.decode.bake(hook, true)?;
+        if let Some(t) = &self.trunk {
+            t.bake(hook, false)?;
+        }
+        Ok(())
+    }
+
     fn run(
         &mut self,
         trunk: bool,

@@ -123,6 +123,28 @@ impl Interpreter {
         Ok(t)
     }
 
+    /// Replace initializer values once by what `hook` makes of them (e.g. fake-quantized weights), so a
+    /// transformation of the weights is not redone on every call. `weights: false` leaves checkpoint weights
+    /// alone (for a second interpreter sharing an already-baked weight cache).
+    pub fn bake(&self, hook: &mut dyn Hook, weights: bool) -> Result<()> {
+        for init in &self.graph.initializers {
+            let is_weight = matches!(init.source, InitSource::Weight { .. });
+            if is_weight && !weights {
+                continue;
+            }
+            let t = self.init_value(&init.name)?;
+            if let Some(r) = hook.tensor(&init.name, &t) {
+                let map = if is_weight {
+                    &*self.weights
+                } else {
+                    &self.cache
+                };
+                map.lock().unwrap().insert(init.name.clone(), r);
+            }
+        }
+        Ok(())
+    }
+
     /// Run the graph. `inputs` by name (f32 tensors; int inputs as i64 or u32/i32-valued f32 are not accepted:
     /// pass i64). Returns the graph outputs by name.
     pub fn run(
