@@ -163,21 +163,37 @@ enum Cmd {
         #[arg(long, default_value_t = 512)]
         context: usize,
     },
-    /// Write a graph as ONNX (opset 21) with weights as external data (float; encodings/QDQ: later).
+    /// Export one variant's artifacts: <variant>.onnx + .data (float, or QDQ with --qdq), the encodings beside
+    /// it, host-model/ (vocab tensors + tokenizer), io-contract.json, manifest.json (sizes, SHA256s).
     Export {
         #[arg(long)]
         model: Option<PathBuf>,
-        #[arg(long, value_enum, default_value_t = VariantArg::DecodeWgqa)]
-        variant: VariantArg,
+        /// decode_wgqa | decode_wgqa_int8kv | decode_full | trunk (dashes accepted).
+        #[arg(long, default_value = "decode_wgqa")]
+        variant: String,
         #[arg(long, default_value_t = 4096)]
         context: usize,
         #[arg(long, default_value_t = 128)]
         seq: usize,
+        /// Encodings from `hexq quantize` (written beside the graph; required for --qdq and int8kv).
+        #[arg(long)]
+        encodings: Option<PathBuf>,
+        /// QuantizeLinear/DequantizeLinear graph from the encodings (onnxruntime / QNN HTP input).
+        #[arg(long)]
+        qdq: bool,
+        /// Float weight storage: f32, or f16 with a Cast in the graph.
+        #[arg(long, default_value = "f32", value_parser = ["f32", "f16"])]
+        weights: String,
+        /// host-model/ tensor storage: native (the checkpoint dtype, bf16 for Gemma), int8 or int4 per row.
+        #[arg(long, default_value = "native", value_parser = ["native", "int8", "int4", "none"])]
+        host: String,
         #[arg(long)]
         out: PathBuf,
         /// Replace an existing output directory.
         #[arg(long)]
         force: bool,
+        #[arg(long)]
+        json: bool,
     },
     /// Write a random-weight bf16 checkpoint with the real names and shapes of a config (streamed).
     Synth {
@@ -793,37 +809,70 @@ fn pipeline(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn export(
     model: Option<PathBuf>,
-    variant: VariantArg,
-    context: usize,
-    seq: usize,
+    variant: String,
+    graph: hexq_model::graph::GraphOptions,
+    encodings: Option<PathBuf>,
+    qdq: bool,
+    weights: String,
+    host: String,
     out: PathBuf,
     force: bool,
+    as_json: bool,
 ) -> Result<()> {
+    use hexq_export::host::HostDType;
+    let variant = variant.replace('-', "_");
+    hexq_export::variant_graph(&variant)?;
     let dir = model_dir(model)?;
     let ck = Checkpoint::open(&dir)?;
-    let g = hexq_model::graph::build(
-        &ck.config,
-        variant.v(),
-        &hexq_model::graph::GraphOptions { context, seq },
-    );
-    g.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let enc = match &encodings {
+        Some(p) => Some((p.as_path(), read_json::<hexq_quantize::Encodings>(p)?)),
+        None => None,
+    };
     let staging = hexq_model::fsutil::AtomicDir::create(&out, force)?;
     let t0 = std::time::Instant::now();
-    let files = hexq_export::onnx::write_onnx(
+    let total: u64 = ck
+        .tensors
+        .iter()
+        .map(|(_, i)| (i.end - i.start) as u64)
+        .sum();
+    let pb = progress(total, "export");
+    let tick = |n: u64| pb.inc(n);
+    let manifest = hexq_export::export(
         &ck,
-        &g,
         &staging.tmp,
-        &hexq_export::onnx::ExportOptions { f16_weights: false },
+        &hexq_export::Options {
+            variant,
+            graph,
+            encodings: enc,
+            qdq,
+            weights: if weights == "f16" {
+                hexq_export::onnx::WeightType::F16
+            } else {
+                hexq_export::onnx::WeightType::F32
+            },
+            host: match host.as_str() {
+                "int8" => Some(HostDType::Int8),
+                "int4" => Some(HostDType::Int4),
+                "none" => None,
+                _ => Some(HostDType::Native),
+            },
+            command: std::env::args().collect(),
+            progress: Some(&tick),
+        },
     )?;
+    pb.finish_and_clear();
     let dest = staging.commit()?;
-    eprintln!(
-        "{}: {} ({:.1}s)",
-        dest.display(),
-        files.join(", "),
-        t0.elapsed().as_secs_f64()
-    );
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&manifest)?);
+    } else {
+        for f in manifest["files"].as_array().unwrap() {
+            println!("{:>14}  {}", f["bytes"], f["path"].as_str().unwrap());
+        }
+        eprintln!("{} ({:.1}s)", dest.display(), t0.elapsed().as_secs_f64());
+    }
     Ok(())
 }
 
@@ -910,9 +959,25 @@ fn main() {
             variant,
             context,
             seq,
+            encodings,
+            qdq,
+            weights,
+            host,
             out,
             force,
-        } => export(model, variant, context, seq, out, force),
+            json,
+        } => export(
+            model,
+            variant,
+            hexq_model::graph::GraphOptions { context, seq },
+            encodings,
+            qdq,
+            weights,
+            host,
+            out,
+            force,
+            json,
+        ),
         Cmd::Calibrate {
             model,
             dataset,

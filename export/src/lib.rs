@@ -1,5 +1,288 @@
-//! hexq-export: ONNX graphs from the graph IR with weights as external data (the vocab-sized tensors never
-//! enter a graph; they stay host-side). GGUF and host-tensor files are later issues.
+//! hexq-export: the artifacts a compiler or a runtime takes — ONNX graphs from the graph IR with weights as
+//! external data (float, or QDQ from encodings), the encodings beside them, the vocab-sized tensors as host
+//! files, the I/O contract, and a manifest hashing every file. GGUF lives in [`gguf`].
+//!
+//! One entry point: [`export`] writes everything for one variant into a (staging) directory.
 
+pub mod host;
 pub mod onnx;
 pub mod onnx_proto;
+
+use hexq_model::graph::{build, Graph, GraphOptions, Variant};
+use hexq_model::{Checkpoint, Error, Result};
+use hexq_quantize::Encodings;
+use serde::Serialize;
+use serde_json::json;
+use std::collections::HashSet;
+use std::path::Path;
+
+/// The exported variants: the graph and whether it is the int8-KV build of it.
+pub const VARIANTS: &[&str] = &["decode_wgqa", "decode_wgqa_int8kv", "decode_full", "trunk"];
+
+pub fn variant_graph(name: &str) -> Result<(Variant, bool)> {
+    Ok(match name {
+        "decode_wgqa" => (Variant::DecodeWgqa, false),
+        "decode_wgqa_int8kv" => (Variant::DecodeWgqa, true),
+        "decode_full" => (Variant::DecodeFull, false),
+        "trunk" => (Variant::Trunk, false),
+        _ => {
+            return Err(Error::Msg(format!(
+                "unknown variant {name:?} (one of {})",
+                VARIANTS.join(", ")
+            )))
+        }
+    })
+}
+
+pub struct Options<'a> {
+    pub variant: String,
+    pub graph: GraphOptions,
+    pub encodings: Option<(&'a Path, Encodings)>,
+    /// Write the QDQ graph (needs encodings).
+    pub qdq: bool,
+    pub weights: onnx::WeightType,
+    /// host-model/ storage; None skips it.
+    pub host: Option<host::HostDType>,
+    /// argv, recorded in the manifest.
+    pub command: Vec<String>,
+    pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+}
+
+fn is_kv(n: &str) -> bool {
+    ["past_key_", "past_value_", "present_key_", "present_value_"]
+        .iter()
+        .any(|p| n.starts_with(p))
+}
+
+/// Encodings must fit the graph: every name a tensor of it (of the right kind), every float tensor
+/// covered, bitwidths AIMET/QNN accept, one scale per output channel, finite positive scales, and the KV
+/// width the variant promises.
+pub fn check_encodings(g: &Graph, e: &Encodings, int8kv: bool, file: &Path) -> Result<()> {
+    let bad = |m: String| Err(Error::file(file, m));
+    if let Some(h) = e.hexq.get("graph_sha256").and_then(|v| v.as_str()) {
+        if h != g.content_hash() {
+            return bad(format!(
+                "encodings were computed for graph {} ({}), not this {} graph (check --context/--seq and the variant)",
+                &h[..h.len().min(12)],
+                e.hexq.get("graph").and_then(|v| v.as_str()).unwrap_or("?"),
+                g.name
+            ));
+        }
+    }
+    let acts: HashSet<&str> = g
+        .inputs
+        .iter()
+        .map(|v| v.name.as_str())
+        .chain(g.nodes.iter().map(|n| n.outputs[0].as_str()))
+        .filter(|n| g.types[*n].dtype.is_float())
+        .collect();
+    let params: HashSet<&str> = g
+        .initializers
+        .iter()
+        .filter(|i| i.ty.dtype.is_float())
+        .map(|i| i.name.as_str())
+        .collect();
+    for (kind, map, names, ok_bw) in [
+        (
+            "activation",
+            &e.activation_encodings,
+            &acts,
+            &[8u32, 16][..],
+        ),
+        ("param", &e.param_encodings, &params, &[4u32, 8, 16][..]),
+    ] {
+        for (n, v) in map {
+            if !names.contains(n.as_str()) {
+                return bad(format!(
+                    "{kind} encoding for {n:?}: the {} graph has no such {kind} tensor",
+                    g.name
+                ));
+            }
+            if v.is_empty() {
+                return bad(format!("{kind} encoding for {n:?} is empty"));
+            }
+            for x in v {
+                if !ok_bw.contains(&x.bitwidth) {
+                    return bad(format!(
+                        "{kind} encoding for {n:?}: bitwidth {} (QNN takes {:?})",
+                        x.bitwidth, ok_bw
+                    ));
+                }
+                if !(x.scale.is_finite() && x.scale > 0.0) {
+                    return bad(format!("{kind} encoding for {n:?}: scale {}", x.scale));
+                }
+                let lim = 1i64 << x.bitwidth;
+                if x.offset > 0 || x.offset <= -lim {
+                    return bad(format!(
+                        "{kind} encoding for {n:?}: offset {} outside [-{}, 0]",
+                        x.offset,
+                        lim - 1
+                    ));
+                }
+            }
+            if kind == "param" && v.len() > 1 {
+                let c = *g.types[n.as_str()].shape.last().unwrap();
+                if v.len() != c {
+                    return bad(format!(
+                        "param encoding for {n:?}: {} channels, the weight has {c} output channels",
+                        v.len()
+                    ));
+                }
+            }
+            if kind == "activation" && is_kv(n) {
+                if int8kv != (v[0].bitwidth == 8) {
+                    return bad(format!(
+                        "{n:?} is {}-bit: {}",
+                        v[0].bitwidth,
+                        if int8kv {
+                            "the int8-KV variant needs 8-bit KV encodings (hexq quantize --int8-kv)"
+                        } else {
+                            "8-bit KV encodings belong to the decode_wgqa_int8kv variant"
+                        }
+                    ));
+                }
+            }
+        }
+        if let Some(missing) = names.iter().find(|n| !map.contains_key(**n)) {
+            return bad(format!(
+                "no {kind} encoding for {missing:?} (every float tensor of {} needs one)",
+                g.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FileEntry {
+    pub path: String,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+/// Every regular file under `dir` (relative paths, sorted), hashed; `skip` names are left out.
+pub fn hash_tree(dir: &Path, skip: &[&str]) -> Result<Vec<FileEntry>> {
+    fn walk(base: &Path, d: &Path, out: &mut Vec<std::path::PathBuf>) -> Result<()> {
+        for e in std::fs::read_dir(d).map_err(|e| Error::io(d, e))? {
+            let p = e.map_err(|e| Error::io(d, e))?.path();
+            if p.is_dir() {
+                walk(base, &p, out)?;
+            } else {
+                out.push(p.strip_prefix(base).unwrap().to_path_buf());
+            }
+        }
+        Ok(())
+    }
+    let mut ps = Vec::new();
+    walk(dir, dir, &mut ps)?;
+    ps.sort();
+    let mut out = Vec::new();
+    for p in ps {
+        let s = p.to_string_lossy().to_string();
+        if skip.contains(&s.as_str()) {
+            continue;
+        }
+        let full = dir.join(&p);
+        out.push(FileEntry {
+            bytes: std::fs::metadata(&full)
+                .map_err(|e| Error::io(&full, e))?
+                .len(),
+            sha256: hexq_model::fsutil::sha256_file(&full)?,
+            path: s,
+        });
+    }
+    Ok(out)
+}
+
+/// Source checkpoint identity: SHA256 of config.json and of each safetensors file.
+pub fn source_hashes(ck: &Checkpoint) -> Result<serde_json::Value> {
+    let mut m = serde_json::Map::new();
+    let cfg = ck.dir.join("config.json");
+    m.insert(
+        "config.json".into(),
+        hexq_model::fsutil::sha256_file(&cfg)?.into(),
+    );
+    for f in &ck.store.files {
+        let n = f.file_name().unwrap().to_string_lossy().to_string();
+        m.insert(n, hexq_model::fsutil::sha256_file(f)?.into());
+    }
+    Ok(serde_json::Value::Object(m))
+}
+
+/// The I/O contract of a graph as JSON (what a host loop or a compiler needs to bind buffers).
+pub fn io_contract_json(g: &Graph, enc: Option<&Encodings>) -> serde_json::Value {
+    let io = |v: &hexq_model::graph::ir::ValueInfo| {
+        let mut o = json!({"name": v.name, "dtype": format!("{:?}", v.ty.dtype).to_lowercase(),
+            "shape": v.ty.shape, "doc": v.doc});
+        if let Some(e) = enc.and_then(|e| e.activation_encodings.get(&v.name)) {
+            o["encoding"] =
+                json!({"bitwidth": e[0].bitwidth, "scale": e[0].scale, "offset": e[0].offset});
+        }
+        o
+    };
+    json!({
+        "graph": g.name,
+        "graph_sha256": g.content_hash(),
+        "inputs": g.inputs.iter().map(io).collect::<Vec<_>>(),
+        "outputs": g.outputs.iter().map(io).collect::<Vec<_>>(),
+        "kv_feedback": "after each call feed present_key_N/present_value_N back as past_key_N/past_value_N",
+        "host": "tokens → chat template → host-model embeddings (rows × row_multiplier) → graph → hidden_states @ embed_tokens^T → 30·tanh(x/30) → argmax; stop on 106 or 1",
+    })
+}
+
+fn write_json(p: &Path, v: &impl Serialize) -> Result<()> {
+    let mut s = serde_json::to_string_pretty(v).unwrap();
+    s.push('\n');
+    std::fs::write(p, s).map_err(|e| Error::io(p, e))
+}
+
+/// Write one variant's artifacts into `dir` (a staging directory the caller renames into place):
+/// `<variant>.onnx` + `.data`, `<variant>.encodings.json`, `host-model/`, `io-contract.json`, `manifest.json`.
+pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Value> {
+    let (v, int8kv) = variant_graph(&o.variant)?;
+    let g = build(&ck.config, v, &o.graph);
+    g.validate().map_err(|e| Error::Msg(e.to_string()))?;
+    if int8kv && o.encodings.is_none() {
+        return Err(Error::Msg(
+            "decode_wgqa_int8kv is a quantized build: pass --encodings from `hexq quantize --int8-kv`".into(),
+        ));
+    }
+    if o.qdq && o.encodings.is_none() {
+        return Err(Error::Msg("--qdq needs --encodings".into()));
+    }
+    if let Some((p, e)) = &o.encodings {
+        check_encodings(&g, e, int8kv, p)?;
+    }
+    let enc = o.encodings.as_ref().map(|(_, e)| e);
+    let files = onnx::write_onnx(
+        ck,
+        &g,
+        dir,
+        &onnx::ExportOptions {
+            stem: Some(o.variant.clone()),
+            weights: o.weights,
+            qdq: if o.qdq { enc } else { None },
+            progress: o.progress,
+        },
+    )?;
+    if let Some(e) = enc {
+        write_json(&dir.join(format!("{}.encodings.json", o.variant)), e)?;
+    }
+    write_json(&dir.join("io-contract.json"), &io_contract_json(&g, enc))?;
+    if let Some(h) = o.host {
+        let noop = |_: u64| {};
+        host::write_host_model(ck, &dir.join("host-model"), h, o.progress.unwrap_or(&noop))?;
+    }
+    let manifest = json!({
+        "hexq_version": env!("CARGO_PKG_VERSION"),
+        "command": o.command,
+        "variant": o.variant,
+        "graph": {"name": g.name, "sha256": g.content_hash(), "context": o.graph.context, "seq": o.graph.seq,
+                  "onnx": files[0], "qdq": o.qdq, "weights": format!("{:?}", o.weights).to_lowercase()},
+        "encodings": enc.map(|e| e.hexq.clone()),
+        "source": {"dir": ck.dir.display().to_string(), "sha256": source_hashes(ck)?},
+        "files": hash_tree(dir, &["manifest.json"])?,
+    });
+    write_json(&dir.join("manifest.json"), &manifest)?;
+    Ok(manifest)
+}

@@ -1,11 +1,22 @@
 //! ONNX writer: the graph IR node for node (same tensor names, so encodings line up), opset 21, IR version
 //! 10, weights streamed from the safetensors mmap into external-data files at 4 KiB-aligned offsets (no
-//! file near protobuf's 2 GB limit, no model in memory: one tensor at a time).
+//! file near protobuf's 2 GB limit, no model in memory: one tensor at a time, its mapped pages released
+//! after it is written).
+//!
+//! With encodings (`qdq`), the same graph in QDQ form — what onnxruntime runs as an independent quantsim and
+//! what the QNN HTP backend compiles: every encoded activation `T` is followed by `QuantizeLinear →
+//! DequantizeLinear` (consumers read the dequantized copy; a graph output keeps its name on the DQ side), and
+//! every encoded parameter is stored quantized and `DequantizeLinear`'d (MatMul weights per output channel,
+//! `axis = 1` of the `[in, out]` view). AIMET's `real = scale·(q + offset)` maps to ONNX's
+//! `real = scale·(q − zero_point)`: asymmetric → unsigned storage, `zero_point = −offset`; symmetric →
+//! signed storage, `zero_point = −offset − 2^(bw−1)` (0 for the usual −128 / −32768).
 
 use crate::onnx_proto::*;
 use hexq_model::graph::ir::{DType, Graph, InitSource, Op, OPSET};
 use hexq_model::{Checkpoint, Error, Result};
+use hexq_quantize::{Encoding, Encodings};
 use prost::Message;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
@@ -62,21 +73,6 @@ fn vinfo(name: &str, d: DType, shape: &[usize], doc: &str) -> ValueInfoProto {
         }),
         doc_string: doc.into(),
     }
-}
-
-fn i64_tensor(name: &str, v: &[i64]) -> TensorProto {
-    TensorProto {
-        dims: vec![v.len() as i64],
-        data_type: 7,
-        name: name.into(),
-        raw_data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        ..Default::default()
-    }
-}
-
-pub struct ExportOptions {
-    /// Store weights as f16 instead of f32.
-    pub f16_weights: bool,
 }
 
 struct DataWriter<'a> {
@@ -147,52 +143,183 @@ fn external(t: &mut TensorProto, file: &str, off: u64, len: usize) {
     ];
 }
 
-/// Write `<dir>/<graph.name>.onnx` and its `.data` file(s). Returns the files written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightType {
+    F32,
+    /// f16 storage, `Cast` to f32 in the graph (half the .data; numerics of an f16 checkpoint).
+    F16,
+}
+
+pub struct ExportOptions<'a> {
+    /// File stem of the .onnx/.data files (the variant name; defaults to the graph's name).
+    pub stem: Option<String>,
+    pub weights: WeightType,
+    /// Write the QDQ form of the graph from these encodings.
+    pub qdq: Option<&'a Encodings>,
+    /// Called after each initializer with the checkpoint bytes it consumed (progress).
+    pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+}
+
+impl Default for ExportOptions<'_> {
+    fn default() -> Self {
+        ExportOptions {
+            stem: None,
+            weights: WeightType::F32,
+            qdq: None,
+            progress: None,
+        }
+    }
+}
+
+/// ONNX storage of an AIMET encoding: (element type, zero point).
+pub fn onnx_qtype(e: &Encoding) -> Result<(i32, i64)> {
+    let (signed, unsigned) = match e.bitwidth {
+        1..=8 => (3, 2),  // INT8, UINT8
+        9..=16 => (5, 4), // INT16, UINT16
+        b => return Err(Error::Msg(format!("bitwidth {b} has no ONNX QDQ type"))),
+    };
+    Ok(if e.is_symmetric {
+        (signed, -e.offset - (1i64 << (e.bitwidth - 1)))
+    } else {
+        (unsigned, -e.offset)
+    })
+}
+
+/// Quantize `x` on `e`'s grid into the storage integer (the value QuantizeLinear would produce).
+fn quant_store(e: &Encoding, x: f32) -> i64 {
+    let q = e.quantize(x);
+    if e.is_symmetric {
+        q - (1i64 << (e.bitwidth - 1))
+    } else {
+        q
+    }
+}
+
+fn int_bytes(elem: i32, v: impl Iterator<Item = i64>) -> Vec<u8> {
+    match elem {
+        2 => v.map(|q| q as u8).collect(),
+        3 => v.map(|q| q as i8 as u8).collect(),
+        4 => v.flat_map(|q| (q as u16).to_le_bytes()).collect(),
+        5 => v.flat_map(|q| (q as i16).to_le_bytes()).collect(),
+        _ => unreachable!(),
+    }
+}
+
+struct Emit<'a> {
+    data: DataWriter<'a>,
+    inits: Vec<TensorProto>,
+    nodes: Vec<NodeProto>,
+}
+
+impl Emit<'_> {
+    /// An initializer; external when large.
+    fn init(&mut self, name: &str, dims: &[i64], data_type: i32, bytes: Vec<u8>) -> Result<()> {
+        let mut t = TensorProto {
+            dims: dims.to_vec(),
+            data_type,
+            name: name.into(),
+            ..Default::default()
+        };
+        if bytes.len() >= EXTERNAL_MIN_BYTES {
+            let (f, off) = self.data.put(&bytes)?;
+            external(&mut t, &f, off, bytes.len());
+        } else {
+            t.raw_data = bytes;
+        }
+        self.inits.push(t);
+        Ok(())
+    }
+    fn node(&mut self, op: &str, name: &str, ins: &[&str], out: &str, attrs: Vec<AttributeProto>) {
+        self.nodes.push(NodeProto {
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: vec![out.into()],
+            name: name.into(),
+            op_type: op.into(),
+            attribute: attrs,
+            domain: String::new(),
+        });
+    }
+    /// `scale`/`zero_point` initializers for `e` (scalar for one encoding, [C] per channel).
+    fn qparams(&mut self, base: &str, e: &[Encoding]) -> Result<(String, String, i32)> {
+        let (elem, _) = onnx_qtype(&e[0])?;
+        let dims: Vec<i64> = if e.len() == 1 {
+            vec![]
+        } else {
+            vec![e.len() as i64]
+        };
+        let sc: Vec<u8> = e
+            .iter()
+            .flat_map(|x| (x.scale as f32).to_le_bytes())
+            .collect();
+        let mut zps = Vec::with_capacity(e.len());
+        for x in e {
+            let (el, zp) = onnx_qtype(x)?;
+            if el != elem {
+                return Err(Error::Msg(format!(
+                    "{base}: channels with different storage types"
+                )));
+            }
+            zps.push(zp);
+        }
+        let (s, z) = (format!("{base}.scale"), format!("{base}.zero_point"));
+        self.init(&s, &dims, 1, sc)?;
+        self.init(&z, &dims, elem, int_bytes(elem, zps.into_iter()))?;
+        Ok((s, z, elem))
+    }
+}
+
+/// Write `<dir>/<stem>.onnx` and its `.data` file(s). Returns the files written.
 pub fn write_onnx(
     ck: &Checkpoint,
     g: &Graph,
     dir: &Path,
     o: &ExportOptions,
 ) -> Result<Vec<String>> {
-    if o.f16_weights {
-        return Err(Error::Msg(
-            "f16 weights need Cast nodes in the IR (not yet): export f32".into(),
-        ));
-    }
-    let mut data = DataWriter {
-        dir,
-        stem: g.name.clone(),
-        files: vec![],
-        cur: None,
-        off: 0,
+    let stem = o.stem.clone().unwrap_or_else(|| g.name.clone());
+    let mut em = Emit {
+        data: DataWriter {
+            dir,
+            stem: stem.clone(),
+            files: vec![],
+            cur: None,
+            off: 0,
+        },
+        inits: Vec::new(),
+        nodes: Vec::new(),
     };
-    let mut inits = Vec::new();
+    let (acts, params): (HashMap<&str, &Encoding>, HashMap<&str, &Vec<Encoding>>) = match o.qdq {
+        Some(e) => (
+            e.activation_encodings
+                .iter()
+                .filter_map(|(k, v)| v.first().map(|x| (k.as_str(), x)))
+                .collect(),
+            e.param_encodings
+                .iter()
+                .map(|(k, v)| (k.as_str(), v))
+                .collect(),
+        ),
+        None => (HashMap::new(), HashMap::new()),
+    };
     for i in &g.initializers {
         let dims: Vec<i64> = i.ty.shape.iter().map(|&d| d as i64).collect();
-        let mut t = TensorProto {
-            dims,
-            name: i.name.clone(),
-            ..Default::default()
-        };
-        match &i.source {
+        let mut src_bytes = 0u64;
+        let values: Vec<f32> = match &i.source {
             InitSource::I64(v) => {
-                t.data_type = 7;
-                t.raw_data = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                em.init(
+                    &i.name,
+                    &dims,
+                    7,
+                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                )?;
+                continue;
             }
-            InitSource::F32(v) => {
-                t.data_type = 1;
-                let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                if b.len() >= EXTERNAL_MIN_BYTES {
-                    let (f, off) = data.put(&b)?;
-                    external(&mut t, &f, off, b.len());
-                } else {
-                    t.raw_data = b;
-                }
-            }
+            InitSource::F32(v) => v.clone(),
             InitSource::Weight { tensor, transpose } => {
                 let info = ck.info(tensor)?;
                 let v = ck.store.to_f32(info);
-                let v = if *transpose {
+                ck.store.release(info);
+                src_bytes = (info.end - info.start) as u64;
+                if *transpose {
                     let (r, c) = (info.shape[0], info.shape[1]);
                     let mut out = vec![0f32; v.len()];
                     for a in 0..r {
@@ -203,70 +330,172 @@ pub fn write_onnx(
                     out
                 } else {
                     v
-                };
-                let b: Vec<u8> = if o.f16_weights {
-                    t.data_type = 10;
-                    v.iter()
-                        .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
-                        .collect()
-                } else {
-                    t.data_type = 1;
-                    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-                };
-                let (f, off) = data.put(&b)?;
-                external(&mut t, &f, off, b.len());
+                }
             }
-        }
-        inits.push(t);
-    }
-    let mut nodes = Vec::new();
-    for n in &g.nodes {
-        let mut inputs = n.inputs.clone();
-        let mut attrs = Vec::new();
-        let mut konst = |suffix: &str, v: &[i64], inputs: &mut Vec<String>| {
-            let name = format!("{}.{suffix}", n.name);
-            inits.push(i64_tensor(&name, v));
-            inputs.push(name);
         };
+        if let Some(e) = params.get(i.name.as_str()) {
+            // Stored quantized; per-channel along the last axis (output channel of the [in, out] view).
+            let qname = format!("{}.quantized", i.name);
+            let (s, z, elem) = em.qparams(&i.name, e)?;
+            let q: Vec<i64> = if e.len() == 1 {
+                values.iter().map(|&x| quant_store(&e[0], x)).collect()
+            } else {
+                let c = *i.ty.shape.last().unwrap();
+                if c != e.len() {
+                    return Err(Error::Msg(format!(
+                        "param {}: {} channel encodings for {c} output channels",
+                        i.name,
+                        e.len()
+                    )));
+                }
+                values
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &x)| quant_store(&e[k % c], x))
+                    .collect()
+            };
+            em.init(&qname, &dims, elem, int_bytes(elem, q.into_iter()))?;
+            let attrs = if e.len() > 1 {
+                vec![attr_i("axis", dims.len() as i64 - 1)]
+            } else {
+                vec![]
+            };
+            em.node(
+                "DequantizeLinear",
+                &format!("{}.dq", i.name),
+                &[&qname, &s, &z],
+                &i.name,
+                attrs,
+            );
+        } else if o.weights == WeightType::F16 && matches!(i.source, InitSource::Weight { .. }) {
+            let h = format!("{}.f16", i.name);
+            let b: Vec<u8> = values
+                .iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                .collect();
+            em.init(&h, &dims, 10, b)?;
+            em.node(
+                "Cast",
+                &format!("{}.cast", i.name),
+                &[&h],
+                &i.name,
+                vec![attr_i("to", 1)],
+            );
+        } else {
+            em.init(
+                &i.name,
+                &dims,
+                1,
+                values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )?;
+        }
+        if let Some(p) = o.progress {
+            p(src_bytes);
+        }
+    }
+    // Activation QDQ: consumers of an encoded tensor read its dequantized copy.
+    let outputs: HashSet<&str> = g.outputs.iter().map(|v| v.name.as_str()).collect();
+    let mut reads: HashMap<String, String> = HashMap::new();
+    let qdq = |em: &mut Emit, t: &str, e: &Encoding, src: &str, dst: &str| -> Result<()> {
+        let (s, z, _) = em.qparams(t, std::slice::from_ref(e))?;
+        let q = format!("{t}.q");
+        em.node(
+            "QuantizeLinear",
+            &format!("{t}.quantize"),
+            &[src, &s, &z],
+            &q,
+            vec![],
+        );
+        em.node(
+            "DequantizeLinear",
+            &format!("{t}.dequantize"),
+            &[&q, &s, &z],
+            dst,
+            vec![],
+        );
+        Ok(())
+    };
+    for v in &g.inputs {
+        if let Some(e) = acts.get(v.name.as_str()).filter(|_| v.ty.dtype.is_float()) {
+            let dq = format!("{}.dq", v.name);
+            qdq(&mut em, &v.name, e, &v.name, &dq)?;
+            reads.insert(v.name.clone(), dq);
+        }
+    }
+    for n in &g.nodes {
+        let mut inputs: Vec<String> = n
+            .inputs
+            .iter()
+            .map(|x| reads.get(x).cloned().unwrap_or_else(|| x.clone()))
+            .collect();
+        let mut attrs = Vec::new();
+        let konst =
+            |em: &mut Emit, suffix: &str, v: &[i64], inputs: &mut Vec<String>| -> Result<()> {
+                let name = format!("{}.{suffix}", n.name);
+                em.init(
+                    &name,
+                    &[v.len() as i64],
+                    7,
+                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                )?;
+                inputs.push(name);
+                Ok(())
+            };
         match &n.op {
             Op::Mod => attrs.push(attr_i("fmod", 0)),
             Op::ReduceMean { axes, keepdims } => {
-                konst("axes", axes, &mut inputs);
+                konst(&mut em, "axes", axes, &mut inputs)?;
                 attrs.push(attr_i("keepdims", *keepdims as i64));
             }
             Op::Softmax { axis } | Op::Concat { axis } | Op::Gather { axis } => {
                 attrs.push(attr_i("axis", *axis))
             }
-            Op::Reshape { shape } => konst("shape", shape, &mut inputs),
+            Op::Reshape { shape } => konst(&mut em, "shape", shape, &mut inputs)?,
             Op::Transpose { perm } => attrs.push(attr_ints(
                 "perm",
                 &perm.iter().map(|&p| p as i64).collect::<Vec<_>>(),
             )),
             Op::Slice { starts, ends, axes } => {
-                konst("starts", starts, &mut inputs);
-                konst("ends", ends, &mut inputs);
-                konst("axes", axes, &mut inputs);
+                konst(&mut em, "starts", starts, &mut inputs)?;
+                konst(&mut em, "ends", ends, &mut inputs)?;
+                konst(&mut em, "axes", axes, &mut inputs)?;
             }
             Op::Cast { to } => attrs.push(attr_i("to", onnx_dtype(*to) as i64)),
-            Op::Expand { shape } => konst("shape", shape, &mut inputs),
-            Op::Unsqueeze { axes } => konst("axes", axes, &mut inputs),
+            Op::Expand { shape } => konst(&mut em, "shape", shape, &mut inputs)?,
+            Op::Unsqueeze { axes } => konst(&mut em, "axes", axes, &mut inputs)?,
             _ => {}
         }
-        nodes.push(NodeProto {
-            input: inputs,
-            output: n.outputs.clone(),
-            name: n.name.clone(),
-            op_type: n.op.onnx_name().into(),
-            attribute: attrs,
-            domain: String::new(),
-        });
+        let out = &n.outputs[0];
+        let enc = acts
+            .get(out.as_str())
+            .filter(|_| g.types[out].dtype.is_float());
+        let written = match enc {
+            Some(_) if outputs.contains(out.as_str()) => format!("{out}.float"),
+            _ => out.clone(),
+        };
+        let ins: Vec<&str> = inputs.iter().map(|s| s.as_str()).collect();
+        em.node(n.op.onnx_name(), &n.name, &ins, &written, attrs);
+        if let Some(e) = enc {
+            if written != *out {
+                qdq(&mut em, out, e, &written, out)?;
+            } else {
+                let dq = format!("{out}.dq");
+                qdq(&mut em, out, e, out, &dq)?;
+                reads.insert(out.clone(), dq);
+            }
+        }
     }
+    let Emit { data, inits, nodes } = em;
     let files = data.finish()?;
     let graph = GraphProto {
         node: nodes,
         name: g.name.clone(),
         initializer: inits,
-        doc_string: format!("hexq {} graph; I/O contract in docs/io-contract.md", g.name),
+        doc_string: format!(
+            "hexq {} graph{}; I/O contract in io-contract.json",
+            g.name,
+            if o.qdq.is_some() { " (QDQ)" } else { "" }
+        ),
         input: g
             .inputs
             .iter()
@@ -294,9 +523,12 @@ pub fn write_onnx(
             value: g.content_hash(),
         }],
     };
-    let p = dir.join(format!("{}.onnx", g.name));
-    std::fs::write(&p, model.encode_to_vec()).map_err(|e| Error::io(&p, e))?;
-    let mut all = vec![format!("{}.onnx", g.name)];
+    let p = dir.join(format!("{stem}.onnx"));
+    let bytes = model.encode_to_vec();
+    let mut f = std::fs::File::create(&p).map_err(|e| Error::io(&p, e))?;
+    f.write_all(&bytes).map_err(|e| Error::io(&p, e))?;
+    f.sync_all().map_err(|e| Error::io(&p, e))?;
+    let mut all = vec![format!("{stem}.onnx")];
     all.extend(files);
     Ok(all)
 }

@@ -14,6 +14,7 @@ pub mod error;
 pub mod forward;
 pub mod fsutil;
 pub mod graph;
+pub mod hostmodel;
 pub mod names;
 pub mod synth;
 pub mod weights;

@@ -95,11 +95,20 @@ impl Encoding {
         2f64.powi(self.bitwidth as i32) - 1.0
     }
 
-    /// quantize → dequantize.
+    /// quantize → dequantize, with ONNX QuantizeLinear/DequantizeLinear's arithmetic exactly: f32 scale,
+    /// `x / scale` in f32, round half to even, saturate, `(q − zero_point)·scale` in f32 — so hexq's quantsim
+    /// and the exported QDQ graph agree bit for bit on every tensor (an f64 division or half-away rounding
+    /// moves values that sit on a rounding boundary by one step, and a deep int16 graph amplifies that).
     #[inline]
     pub fn fake(&self, x: f32) -> f32 {
-        let q = ((x as f64 / self.scale).round() - self.offset as f64).clamp(0.0, self.qmax());
-        ((q + self.offset as f64) * self.scale) as f32
+        (self.quantize(x) as f32 - (-self.offset) as f32) * self.scale as f32
+    }
+
+    /// The integer on the unsigned grid `[0, 2^bw − 1]` (ONNX's arithmetic, see [`Encoding::fake`]).
+    #[inline]
+    pub fn quantize(&self, x: f32) -> i64 {
+        let zp = -self.offset as f32;
+        ((x / self.scale as f32).round_ties_even() + zp).clamp(0.0, self.qmax() as f32) as i64
     }
 }
 

@@ -101,6 +101,19 @@ fn backend(ck: &Arc<Checkpoint>, v: Variant, o: &GraphOptions) -> Result<GraphBa
     GraphBackend::for_model(ck, decode, v == Variant::Trunk, o)
 }
 
+/// hexq's quantsim of graph `v`: params fake-quantized once, activations as they are produced.
+pub fn quantsim(
+    ck: &Arc<Checkpoint>,
+    enc: &Encodings,
+    v: Variant,
+    o: &GraphOptions,
+) -> Result<GraphBackend> {
+    let mut q = backend(ck, v, o)?;
+    q.bake(&mut FakeQuant::from_params(&enc.param_encodings))?;
+    q.hook = Some(Box::new(FakeQuant::activations(enc)));
+    Ok(q)
+}
+
 pub fn verify(
     ck: Arc<Checkpoint>,
     tok: &Tokenizer,
