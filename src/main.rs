@@ -35,28 +35,7 @@ enum Cmd {
         json: bool,
     },
     /// Generate greedily from a chat-formatted prompt.
-    Run {
-        /// Checkpoint directory; default: the bundled tiny Gemma-4.
-        #[arg(long)]
-        model: Option<PathBuf>,
-        #[arg(long)]
-        prompt: String,
-        /// Optional system turn before the prompt.
-        #[arg(long)]
-        system: Option<String>,
-        #[arg(long, default_value_t = 32)]
-        max_tokens: usize,
-        #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
-        backend: BackendKind,
-        /// Graph backend: full-attention buffer length (max context).
-        #[arg(long, default_value_t = 4096)]
-        context: usize,
-        /// Graph backend: trunk chunk length (0 = no trunk, prompt token by token through decode).
-        #[arg(long, default_value_t = 128)]
-        seq: usize,
-        #[arg(long)]
-        json: bool,
-    },
+    Run(RunArgs),
     /// Build a deployable graph and summarise it (I/O, op histogram, Expand count, KV bytes per step).
     Graph {
         /// Checkpoint directory, or a bare config.json (graphs need no weights).
@@ -215,12 +194,45 @@ enum Cmd {
     },
 }
 
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Checkpoint directory; default: the bundled tiny Gemma-4 (cpu, graph).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(long)]
+    prompt: String,
+    /// Optional system turn before the prompt.
+    #[arg(long)]
+    system: Option<String>,
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+    backend: BackendKind,
+    /// Graph backend: full-attention buffer length (max context).
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
+    /// Graph backend: trunk chunk length (0 = no trunk, prompt token by token through decode).
+    #[arg(long, default_value_t = 128)]
+    seq: usize,
+    /// ort/qnn backends: `hexq export` directories (one decode variant, optionally a trunk); the host side
+    /// comes from their host-model/.
+    #[arg(long)]
+    artifacts: Vec<PathBuf>,
+    /// ort backend: intra-op threads (0 = onnxruntime's default).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum BackendKind {
     /// The f32 reference forward (candle).
     Cpu,
     /// The IR interpreter over decode_wgqa (prompt through trunk in SEQ chunks).
     Graph,
+    /// Exported ONNX (float or QDQ) in onnxruntime, host side from host-model/ (--artifacts).
+    Ort,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -355,35 +367,39 @@ fn inspect(model: Option<PathBuf>, tensors: bool, as_json: bool) -> Result<()> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run(
-    model: Option<PathBuf>,
-    prompt: String,
-    system: Option<String>,
-    max_tokens: usize,
-    backend: BackendKind,
-    context: usize,
-    seq: usize,
-    as_json: bool,
-) -> Result<()> {
-    let dir = model_dir(model)?;
-    let ck = Arc::new(Checkpoint::open(&dir)?);
-    let tok = Tokenizer::from_dir(&dir)?;
-    let mut b: Box<dyn hexq_runtime::Backend> = match backend {
-        BackendKind::Cpu => Box::new(hexq_runtime::CpuBackend::new(Model::load(ck)?)),
-        BackendKind::Graph => {
-            use hexq_model::graph::{GraphOptions, Variant};
-            let o = GraphOptions {
-                context,
-                seq: seq.max(1),
+fn run(a: RunArgs) -> Result<()> {
+    let (mut b, tok): (Box<dyn hexq_runtime::Backend>, Tokenizer) = match a.backend {
+        BackendKind::Cpu | BackendKind::Graph => {
+            let dir = model_dir(a.model)?;
+            let ck = Arc::new(Checkpoint::open(&dir)?);
+            let tok = Tokenizer::from_dir(&dir)?;
+            let b: Box<dyn hexq_runtime::Backend> = if matches!(a.backend, BackendKind::Cpu) {
+                Box::new(hexq_runtime::CpuBackend::new(Model::load(ck)?))
+            } else {
+                use hexq_model::graph::{GraphOptions, Variant};
+                let o = GraphOptions {
+                    context: a.context,
+                    seq: a.seq.max(1),
+                };
+                Box::new(hexq_runtime::graph::GraphBackend::for_model(
+                    &ck,
+                    Variant::DecodeWgqa,
+                    a.seq > 0,
+                    &o,
+                )?)
             };
-            Box::new(hexq_runtime::graph::GraphBackend::for_model(
-                &ck,
-                Variant::DecodeWgqa,
-                seq > 0,
-                &o,
-            )?)
+            (b, tok)
+        }
+        BackendKind::Ort => {
+            if a.artifacts.is_empty() {
+                anyhow::bail!("--backend ort needs --artifacts DIR (a `hexq export` output)");
+            }
+            let b = hexq_runtime::ort::OrtBackend::open(&a.artifacts, a.threads)?;
+            let tok = Tokenizer::from_dir(&b.host.dir)?;
+            (Box::new(b), tok)
         }
     };
+    let (system, prompt, max_tokens, as_json) = (a.system, a.prompt, a.max_tokens, a.json);
     let mut msgs = Vec::new();
     if let Some(s) = system {
         msgs.push(Message {
@@ -731,26 +747,30 @@ fn pipeline(
     eprintln!("== inspect");
     inspect(model.clone(), false, false)?;
     eprintln!("== run (cpu reference, then the decode_wgqa graph)");
-    run(
-        model.clone(),
-        "What is the capital of France?".into(),
-        None,
-        16,
-        BackendKind::Cpu,
+    run(RunArgs {
+        model: model.clone(),
+        prompt: "What is the capital of France?".into(),
+        system: None,
+        max_tokens: 16,
+        backend: BackendKind::Cpu,
         context,
-        128,
-        false,
-    )?;
-    run(
-        model.clone(),
-        "What is the capital of France?".into(),
-        None,
-        16,
-        BackendKind::Graph,
+        seq: 128,
+        artifacts: vec![],
+        threads: 0,
+        json: false,
+    })?;
+    run(RunArgs {
+        model: model.clone(),
+        prompt: "What is the capital of France?".into(),
+        system: None,
+        max_tokens: 16,
+        backend: BackendKind::Graph,
         context,
-        128,
-        false,
-    )?;
+        seq: 128,
+        artifacts: vec![],
+        threads: 0,
+        json: false,
+    })?;
     eprintln!("== calibrate ({calib_limit} chat-formatted prompts, 8 decode tokens each)");
     calibrate(
         model.clone(),
@@ -920,6 +940,12 @@ fn synth(
 }
 
 fn main() {
+    // A file-size limit (RLIMIT_FSIZE) must surface as a write error naming the file (EFBIG), cleaned up
+    // like any disk error — not as SIGXFSZ killing the process with a half-written output behind it.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Inspect {
@@ -927,18 +953,7 @@ fn main() {
             tensors,
             json,
         } => inspect(model, tensors, json),
-        Cmd::Run {
-            model,
-            prompt,
-            system,
-            max_tokens,
-            backend,
-            context,
-            seq,
-            json,
-        } => run(
-            model, prompt, system, max_tokens, backend, context, seq, json,
-        ),
+        Cmd::Run(a) => run(a),
         Cmd::Graph {
             model,
             variant,

@@ -87,7 +87,8 @@ impl DataWriter<'_> {
     fn put(&mut self, bytes: &[u8]) -> Result<(String, u64)> {
         if self.cur.is_none() || (self.off > 0 && self.off + bytes.len() as u64 > MAX_DATA_FILE) {
             if let Some(mut w) = self.cur.take() {
-                w.flush().map_err(|e| Error::io(self.dir, e))?;
+                let p = self.dir.join(self.files.last().unwrap());
+                w.flush().map_err(|e| Error::io(&p, e))?;
             }
             let name = if self.files.is_empty() {
                 format!("{}.data", self.stem)
@@ -115,11 +116,12 @@ impl DataWriter<'_> {
     }
     fn finish(mut self) -> Result<Vec<String>> {
         if let Some(mut w) = self.cur.take() {
-            w.flush().map_err(|e| Error::io(self.dir, e))?;
+            let p = self.dir.join(self.files.last().unwrap());
+            w.flush().map_err(|e| Error::io(&p, e))?;
             w.into_inner()
-                .map_err(|e| Error::io(self.dir, e.into_error()))?
+                .map_err(|e| Error::io(&p, e.into_error()))?
                 .sync_all()
-                .map_err(|e| Error::io(self.dir, e))?;
+                .map_err(|e| Error::io(&p, e))?;
         }
         Ok(self.files)
     }

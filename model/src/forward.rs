@@ -169,7 +169,7 @@ pub struct Model {
     inv_freq: std::collections::BTreeMap<String, Vec<f32>>,
 }
 
-fn mm_t(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
+pub fn mm_t(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
     // x [.., in] @ w[out, in]^T
     x.broadcast_matmul(&w.t()?)
 }

@@ -2,9 +2,12 @@
 //! sampling, stop on `<turn|>` (106) or `<eos>` (1) — over interchangeable backends. A backend only turns
 //! token ids at the next positions into next-token logits; everything else is here, shared.
 //!
-//! Backends: `cpu` (the reference forward). Later issues add `graph` (IR interpreter), `ort`, `qnn`, `llama`.
+//! Backends: `cpu` (the reference forward), `graph` (IR interpreter), `ort` (exported ONNX in onnxruntime,
+//! host side from host-model/); `qnn` and `llama` follow.
 
 pub mod graph;
+pub mod host;
+pub mod ort;
 
 use hexq_model::chat::{Message, Tokenizer, STOP_IDS};
 use hexq_model::forward::{argmax, to_rows};
