@@ -24,8 +24,12 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// MIN_RANGE of AIMET's TF/min-max analyzers.
-pub const MIN_RANGE: f64 = 0.01;
+/// aimet-onnx 2.x's smallest scale (`common/quantsim.py::_get_minimum_scale`): the largest s ≤ f32 eps with
+/// the grid still covering ±0.005 — so a range narrower than `steps·s` is widened to it (0.0078 at 16 bits;
+/// libpymo's older MIN_RANGE of 0.01 differs, which the whole-graph AIMET judge caught on the norms' eps).
+pub fn min_scale(steps: f64) -> f64 {
+    (f32::EPSILON as f64).min(0.01 / steps)
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Encoding {
@@ -52,8 +56,8 @@ impl Encoding {
     /// AIMET min-max encoding for an observed range.
     pub fn compute(bw: u32, min: f64, max: f64, symmetric: bool) -> Encoding {
         let new_min = min.min(0.0);
-        let new_max = max.max(0.0).max(new_min + MIN_RANGE);
         let steps = 2f64.powi(bw as i32) - 1.0;
+        let new_max = max.max(0.0).max(new_min + steps * min_scale(steps));
         if symmetric {
             // aimet-onnx 2.x: the grid [-128, 127]·scale must cover both ends, so the negative side gets its
             // 128 steps: scale = max(-min/128, max/127) (libpymo's older absmax/127 differs by 128/127 on
@@ -329,6 +333,102 @@ pub fn param_encodings(
     Ok(out)
 }
 
+/// Ops whose output is a rearrangement of (a subset of) input 0's values: `q(f(x)) = f(q(x))`, so the output
+/// keeps the input's grid (aimet-onnx's grid-preserving ops among those the IR has).
+fn grid_preserving(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::Gather { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Expand { .. }
+    )
+}
+
+/// The tensor whose grid `name` inherits: follow grid-preserving producers back to their data input.
+fn grid_source(g: &Graph, name: &str) -> Option<String> {
+    let mut cur = name.to_string();
+    let mut moved = false;
+    while let Some(n) = g.nodes.iter().find(|n| n.outputs[0] == cur) {
+        if !grid_preserving(&n.op) {
+            break;
+        }
+        cur = n.inputs[0].clone();
+        moved = true;
+    }
+    moved.then_some(cur)
+}
+
+/// aimet-onnx 2.x's encoding ties (`_propagate_output_encodings`): walking ops in reverse order, each
+/// Concat/ScatterND claims the effective source of every float activation input that nothing else reads
+/// (looking through grid-preserving producers, and recursively through tied producers) into its output's
+/// group. Returns member → group output.
+pub fn tie_groups(g: &Graph) -> BTreeMap<String, String> {
+    use std::collections::{HashMap, HashSet};
+    let mut consumers: HashMap<&str, usize> = HashMap::new();
+    for n in &g.nodes {
+        for i in &n.inputs {
+            *consumers.entry(i.as_str()).or_default() += 1;
+        }
+    }
+    let producer: HashMap<&str, usize> = g
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(k, n)| (n.outputs[0].as_str(), k))
+        .collect();
+    let tie = |op: &Op| matches!(op, Op::Concat { .. } | Op::ScatterND);
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    let mut visited: HashSet<usize> = HashSet::new();
+    for (k, n) in g.nodes.iter().enumerate().rev() {
+        if !tie(&n.op) || visited.contains(&k) || !g.types[&n.outputs[0]].dtype.is_float() {
+            continue;
+        }
+        let root = n.outputs[0].clone();
+        let mut stack = vec![k];
+        while let Some(op) = stack.pop() {
+            if !visited.insert(op) {
+                continue;
+            }
+            for inp in &g.nodes[op].inputs {
+                if !g.types[inp].dtype.is_float() || g.is_initializer(inp) {
+                    continue;
+                }
+                // The chain of grid-preserving producers back to the effective source may be tied only
+                // if nothing outside the chain reads any of it.
+                let mut chain = vec![inp.clone()];
+                let mut cur = inp.clone();
+                while let Some(&p) = producer.get(cur.as_str()) {
+                    if !grid_preserving(&g.nodes[p].op) {
+                        break;
+                    }
+                    cur = g.nodes[p].inputs[0].clone();
+                    chain.push(cur.clone());
+                }
+                let reads: usize = chain
+                    .iter()
+                    .map(|t| consumers.get(t.as_str()).copied().unwrap_or(0))
+                    .sum();
+                if reads - (chain.len() - 1) > 1 || g.is_initializer(&cur) {
+                    continue;
+                }
+                for t in &chain {
+                    out.entry(t.clone()).or_insert_with(|| root.clone());
+                }
+                if let Some(&p) = producer.get(inp.as_str()) {
+                    if tie(&g.nodes[p].op) {
+                        stack.push(p);
+                    }
+                }
+            }
+        }
+        out.entry(root.clone()).or_insert(root);
+    }
+    out
+}
+
 /// Compute encodings for `graph` from calibration `stats` and the checkpoint's weights.
 pub fn encode(
     ck: &Checkpoint,
@@ -352,34 +452,89 @@ pub fn encode(
             || n.starts_with("present_key_")
             || n.starts_with("present_value_")
     };
-    // Activations: graph inputs and float node outputs.
-    let mut names: Vec<&str> = graph.inputs.iter().map(|v| v.name.as_str()).collect();
-    names.extend(graph.nodes.iter().map(|n| n.outputs[0].as_str()));
-    for n in names {
-        let ty = &graph.types[n];
-        if !ty.dtype.is_float() {
-            continue;
-        }
+    enc.param_encodings = param_encodings(ck, graph, scheme, ov)?;
+    let ties = tie_groups(graph);
+    // Activations: graph inputs and float node outputs. Three kinds, as aimet-onnx 2.x quantizes them:
+    // - outputs of grid-preserving ops (Reshape, Transpose, Slice, Gather, …) carry their source's
+    //   encoding (no requantization; AIMET has no quantizer there);
+    // - members of a Concat/ScatterND tie group share one encoding over the union of their ranges
+    //   (HTP needs equal input/output encodings on those ops), at the group output's bitwidth;
+    // - everything else: its own range.
+    let range = |n: &str| -> Result<(f64, f64)> {
         let r = stats
             .tensors
             .get(n)
             .ok_or_else(|| Error::Msg(format!("stats have no range for graph tensor {n:?}")))?;
+        Ok((r.min as f64, r.max as f64))
+    };
+    let mut group_range: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    for (m, root) in &ties {
+        let (lo, hi) = range(m)?;
+        let e = group_range.entry(root.as_str()).or_insert((lo, hi));
+        *e = (e.0.min(lo), e.1.max(hi));
+    }
+    let mut names: Vec<&str> = graph.inputs.iter().map(|v| v.name.as_str()).collect();
+    names.extend(graph.nodes.iter().map(|n| n.outputs[0].as_str()));
+    // HTP's MatMul takes a 16-bit *second* input only symmetric (aimet-onnx applies the same rule): the
+    // effective source of every dynamic MatMul's second input (the KV groups) is encoded symmetric at 16 bits.
+    let mut sym16: std::collections::HashSet<String> = std::collections::HashSet::new();
+    for n in graph.nodes.iter().filter(|n| n.op == Op::MatMul) {
+        let b = &n.inputs[1];
+        if graph.is_initializer(b) {
+            continue;
+        }
+        let src = grid_source(graph, b).unwrap_or_else(|| b.clone());
+        sym16.insert(ties.get(&src).cloned().unwrap_or(src));
+    }
+    let spec = |n: &str| {
         let mut bw = if scheme.int8_kv && is_kv(n) {
             8
         } else {
             scheme.act_bw
         };
-        let mut sym = false;
+        let mut sym = bw == 16 && sym16.contains(n);
         if let Some(rule) = ov.find(Kind::Activation, n) {
             bw = rule.bitwidth;
             sym = rule.symmetric.unwrap_or(false);
         }
-        enc.activation_encodings.insert(
-            n.into(),
-            vec![Encoding::compute(bw, r.min as f64, r.max as f64, sym)],
-        );
+        (bw, sym)
+    };
+    let mut inherit = Vec::new();
+    for n in names {
+        if !graph.types[n].dtype.is_float() {
+            continue;
+        }
+        let e = if let Some(root) = ties.get(n) {
+            let (lo, hi) = group_range[root.as_str()];
+            let (bw, sym) = spec(root);
+            Encoding::compute(bw, lo, hi, sym)
+        } else if let Some(src) = grid_source(graph, n) {
+            inherit.push((n, src));
+            continue;
+        } else {
+            let (lo, hi) = range(n)?;
+            let (bw, sym) = spec(n);
+            Encoding::compute(bw, lo, hi, sym)
+        };
+        enc.activation_encodings.insert(n.into(), vec![e]);
     }
-    enc.param_encodings = param_encodings(ck, graph, scheme, ov)?;
+    for (n, src) in inherit {
+        let e = enc
+            .activation_encodings
+            .get(&src)
+            .or_else(|| enc.param_encodings.get(&src))
+            .filter(|e| e.len() == 1)
+            .cloned();
+        let e = match e {
+            Some(e) => e,
+            None => {
+                let (lo, hi) = range(n)?;
+                let (bw, sym) = spec(n);
+                vec![Encoding::compute(bw, lo, hi, sym)]
+            }
+        };
+        enc.activation_encodings.insert(n.into(), e);
+    }
     enc.hexq = serde_json::json!({
         "scheme": format!("a{}w{}{}", scheme.act_bw, scheme.weight_bw, if scheme.int8_kv { "_int8kv" } else { "" }),
         "graph": graph.name, "graph_sha256": stats.graph_sha256, "model_sha256": stats.model_sha256,
@@ -412,9 +567,9 @@ mod tests {
         // All-negative: [-4, -1] → [-4, 0], offset = round(-4/scale) = -65535.
         let e = Encoding::compute(16, -4.0, -1.0, false);
         assert_eq!(e.offset, -65535);
-        // Degenerate range [0, 0] → MIN_RANGE 0.01.
+        // Degenerate range [0, 0] → 65535 steps of f32 eps (aimet-onnx 2.x's minimum scale).
         let e = Encoding::compute(16, 0.0, 0.0, false);
-        assert!((e.max - 0.01).abs() < 1e-12 && e.min == 0.0);
+        assert!((e.scale - f32::EPSILON as f64).abs() < 1e-20 && e.min == 0.0);
         // The mask constant NEG = -1e4 is exactly representable on its own range.
         let e = Encoding::compute(16, -1e4, 0.0, false);
         assert_eq!(e.fake(-1e4), -1e4);

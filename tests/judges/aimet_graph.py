@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Independent judge of hexq's A16W8 encodings on the whole exported graph: aimet-onnx QuantizationSimModel
+(min_max, int16 activations, int8 per-channel weights) built on hexq's *float* ONNX export, calibrated by
+decode loops this script drives itself (host-model/ lookups, present_* fed back as past_*) over the same
+chat-formatted token sequences hexq calibrated on; then every quantizer AIMET has is compared with hexq's
+encoding of the same tensor name, in LSBs.
+
+usage: aimet_graph.py EXPORT_DIR HEXQ_ENCODINGS TOKENS_JSON OUT_JSON
+  TOKENS_JSON: [[ids of prompt 1], [ids of prompt 2], ...]
+"""
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ort_qdq import load_host  # noqa: E402
+
+
+def main(exp, hexq_enc, tokens, out):
+    from aimet_onnx.quantsim import QuantizationSimModel
+
+    exp = Path(exp)
+    variant = json.loads((exp / "manifest.json").read_text())["variant"]
+    cfg, host = load_host(exp / "host-model")
+    E, esc = host["embed_tokens.weight"]
+    P, psc = host.get("embed_tokens_per_layer.weight", (None, 1))
+    L, Pd = cfg["num_hidden_layers"], cfg.get("hidden_size_per_layer_input") or 0
+    seqs = json.loads(Path(tokens).read_text())
+    model = onnx.load(str(exp / f"{variant}.onnx"))
+    sim = QuantizationSimModel(model, param_type="int8", activation_type="int16", quant_scheme="min_max")
+
+    def loops(session):
+        ins_meta = {i.name: i for i in session.get_inputs()}
+        # The sim renames quantized outputs (e.g. "<name>_updated"); they keep the float model's order.
+        names = [o.name for o in model.graph.output]
+        assert len(names) == len(session.get_outputs())
+        for ids in seqs:
+            kv = {n: np.zeros(i.shape, np.float32) for n, i in ins_meta.items() if n.startswith("past_")}
+            for pos, t in enumerate(ids):
+                feeds = {"inputs_embeds": (E[t] * esc)[None, None].astype(np.float32),
+                         "position_ids": np.array([[pos]], np.int32), "cache_position": np.array([pos], np.int32)}
+                if Pd:
+                    feeds["per_layer_inputs"] = (P[t] * psc).reshape(1, 1, L, Pd).astype(np.float32)
+                feeds.update(kv)
+                outs = session.run(None, feeds)
+                for n, v in zip(names, outs):
+                    if n.startswith("present_"):
+                        kv["past_" + n[len("present_"):]] = v
+
+    sim.compute_encodings(loops)
+    d = tempfile.mkdtemp()
+    sim.export(d, "judge")
+    ae = json.loads((Path(d) / "judge.encodings").read_text())
+    theirs = {e["name"]: e for e in ae["activation_encodings"] + ae["param_encodings"]}
+    ours = json.loads(Path(hexq_enc).read_text())
+    mine = {**ours["activation_encodings"], **ours["param_encodings"]}
+    rep = {"aimet_quantizers": len(theirs), "hexq_encodings": len(mine), "compared": 0, "within_1_lsb": 0,
+           "bitwidth_mismatch": [], "worst": [], "aimet_only": sorted(set(theirs) - set(mine))[:50],
+           "hexq_only_count": len(set(mine) - set(theirs))}
+    worst = []
+    for name, a in theirs.items():
+        if name not in mine:
+            continue
+        h = mine[name]
+        a_scale = np.atleast_1d(np.asarray(a["scale"], np.float64))
+        a_off = np.atleast_1d(np.asarray(a["offset"], np.float64))
+        if a["bw"] != h[0]["bitwidth"] or len(a_scale) != len(h):
+            rep["bitwidth_mismatch"].append([name, a["bw"], h[0]["bitwidth"], len(a_scale), len(h)])
+            continue
+        h_scale = np.asarray([x["scale"] for x in h])
+        h_min = np.asarray([x["min"] for x in h])
+        h_max = np.asarray([x["max"] for x in h])
+        a_min = a_off * a_scale
+        a_max = a_min + a_scale * (2 ** a["bw"] - 1)
+        dev = np.maximum(np.abs(a_min - h_min), np.abs(a_max - h_max))
+        lsb = dev / h_scale
+        m = float(lsb.max())
+        rel = float((dev / (h_max - h_min)).max())
+        kind = "params" if name in ours["param_encodings"] else "activations"
+        k = rep.setdefault(kind, {"compared": 0, "within_1_lsb": 0, "within_16_lsb": 0, "max_lsb": 0.0, "max_rel_range": 0.0,
+                                  "symmetric_both": 0, "symmetric_mismatch": []})
+        k["compared"] += 1
+        k["within_1_lsb"] += int(m <= 1.0)
+        k["within_16_lsb"] += int(m <= 16.0)
+        k["max_lsb"] = max(k["max_lsb"], m)
+        k["max_rel_range"] = max(k["max_rel_range"], rel)
+        a_sym = a["is_sym"] if isinstance(a["is_sym"], bool) else a["is_sym"] == "True"
+        h_sym = h[0]["is_symmetric"] in (True, "True")
+        if a_sym != h_sym:
+            k["symmetric_mismatch"].append(name)
+        k["symmetric_both"] += int(a_sym and h_sym)
+        rep["compared"] += 1
+        rep["within_1_lsb"] += int(m <= 1.0)
+        worst.append((m, name, {"aimet": [float(a_min[0]), float(a_max[0]), float(a_scale[0])],
+                                "hexq": [float(h_min[0]), float(h_max[0]), float(h_scale[0])]}))
+    worst.sort(key=lambda w: -w[0])
+    rep["worst"] = worst[:10]
+    rep["detail"] = {w[1]: w[2] | {"lsb": w[0]} for w in worst}
+    rep["failing"] = [w[1] for w in worst if w[0] > 1.0]
+    Path(out).write_text(json.dumps(rep, indent=1))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
