@@ -174,6 +174,24 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Write a GGUF llama.cpp loads (gemma4 architecture, metadata as its converter writes it), streamed from
+    /// the safetensors; q4_0/q8_0 blocks bit-identical to ggml's reference quantizers.
+    Gguf {
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// f32 | f16 | bf16 | q8_0 | q4_0 (llama-quantize's Q4_0 mix).
+        #[arg(long = "type", default_value = "q4_0", value_parser = ["f32", "f16", "bf16", "q8_0", "q4_0"])]
+        ty: String,
+        /// Every 2-D weight q4_0 (llama-quantize --pure).
+        #[arg(long)]
+        pure: bool,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a random-weight bf16 checkpoint with the real names and shapes of a config (streamed).
     Synth {
         /// A Gemma-4 config.json (e.g. ../shared/docs/e2b-config-inferred.json).
@@ -896,6 +914,68 @@ fn export(
     Ok(())
 }
 
+fn gguf(
+    model: Option<PathBuf>,
+    ty: String,
+    pure: bool,
+    out: PathBuf,
+    force: bool,
+    as_json: bool,
+) -> Result<()> {
+    use hexq_export::gguf;
+    if out.exists() && !force {
+        anyhow::bail!(
+            "{}: already exists (pass --force to replace it)",
+            out.display()
+        );
+    }
+    let dir = model_dir(model)?;
+    let ck = Checkpoint::open(&dir)?;
+    let ft = gguf::FileType::parse(&ty).unwrap();
+    let total: u64 = ck
+        .tensors
+        .iter()
+        .map(|(_, i)| (i.end - i.start) as u64)
+        .sum();
+    let pb = progress(total, "gguf");
+    let t0 = std::time::Instant::now();
+    let tick = |n: u64| pb.inc(n);
+    let plan = gguf::write_gguf(&ck, &out, ft, pure, &tick)?;
+    pb.finish_and_clear();
+    let mut types = std::collections::BTreeMap::new();
+    for p in &plan {
+        *types.entry(p.ty.name()).or_insert(0usize) += 1;
+    }
+    let m = json!({
+        "hexq_version": env!("CARGO_PKG_VERSION"),
+        "command": std::env::args().collect::<Vec<_>>(),
+        "file": out.file_name().unwrap().to_string_lossy(),
+        "bytes": std::fs::metadata(&out)?.len(),
+        "sha256": hexq_model::fsutil::sha256_file(&out)?,
+        "type": ty, "pure": pure, "tensors": plan.len(), "tensor_types": types,
+        "source": {"dir": ck.dir.display().to_string(), "sha256": hexq_export::source_hashes(&ck)?},
+        "seconds": t0.elapsed().as_secs_f64(),
+    });
+    let mp = PathBuf::from(format!("{}.manifest.json", out.display()));
+    hexq_model::fsutil::write_atomic(
+        &mp,
+        format!("{}\n", serde_json::to_string_pretty(&m)?).as_bytes(),
+    )?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&m)?);
+    } else {
+        eprintln!(
+            "{}: {} bytes, {} tensors {:?} ({:.1}s)",
+            out.display(),
+            m["bytes"],
+            plan.len(),
+            types,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
 fn synth(
     config: PathBuf,
     out: PathBuf,
@@ -954,6 +1034,14 @@ fn main() {
             json,
         } => inspect(model, tensors, json),
         Cmd::Run(a) => run(a),
+        Cmd::Gguf {
+            model,
+            ty,
+            pure,
+            out,
+            force,
+            json,
+        } => gguf(model, ty, pure, out, force, json),
         Cmd::Graph {
             model,
             variant,

@@ -4,6 +4,7 @@
 //!
 //! One entry point: [`export`] writes everything for one variant into a (staging) directory.
 
+pub mod gguf;
 pub mod host;
 pub mod onnx;
 pub mod onnx_proto;

@@ -1,0 +1,608 @@
+//! GGUF v3 for llama.cpp's `gemma4` architecture, written straight from the safetensors mmap: the metadata
+//! keys, tensor names, order, shapes and types llama.cpp's `convert_hf_to_gguf.py` (+ `llama-quantize`)
+//! writes (checked against their committed output, tests/fixtures/gguf/), tensors streamed one at a time
+//! (rayon across rows inside a tensor), so peak memory is a small multiple of the largest tensor.
+//!
+//! Matched: llama.cpp as vendored by llama-cpp-python 0.3.36 (converter `conversion/gemma.py::Gemma4Model`,
+//! gguf-py 0.19). Why our own writer: candle's `gguf_file::write` needs every tensor in memory, and gguf-rs
+//! only reads.
+
+use hexq_model::names::{self, Role};
+use hexq_model::{Checkpoint, Error, Result};
+use hexq_quantize::ggml::{self, GgmlType};
+use std::io::{Seek, SeekFrom, Write};
+use std::path::Path;
+
+pub const ALIGN: u64 = 32;
+
+/// A metadata value (gguf-py's GGUFValueType).
+#[derive(Debug, Clone)]
+pub enum Val {
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    Str(String),
+    ArrI32(Vec<i32>),
+    ArrF32(Vec<f32>),
+    ArrBool(Vec<bool>),
+    ArrStr(Vec<String>),
+}
+
+fn put_str(o: &mut Vec<u8>, s: &str) {
+    o.extend((s.len() as u64).to_le_bytes());
+    o.extend(s.as_bytes());
+}
+
+impl Val {
+    fn type_id(&self) -> u32 {
+        match self {
+            Val::U32(_) => 4,
+            Val::I32(_) => 5,
+            Val::F32(_) => 6,
+            Val::Bool(_) => 7,
+            Val::Str(_) => 8,
+            _ => 9,
+        }
+    }
+    fn write(&self, o: &mut Vec<u8>) {
+        o.extend(self.type_id().to_le_bytes());
+        match self {
+            Val::U32(v) => o.extend(v.to_le_bytes()),
+            Val::I32(v) => o.extend(v.to_le_bytes()),
+            Val::F32(v) => o.extend(v.to_le_bytes()),
+            Val::Bool(v) => o.push(*v as u8),
+            Val::Str(s) => put_str(o, s),
+            Val::ArrI32(v) => {
+                o.extend(5u32.to_le_bytes());
+                o.extend((v.len() as u64).to_le_bytes());
+                v.iter().for_each(|x| o.extend(x.to_le_bytes()));
+            }
+            Val::ArrF32(v) => {
+                o.extend(6u32.to_le_bytes());
+                o.extend((v.len() as u64).to_le_bytes());
+                v.iter().for_each(|x| o.extend(x.to_le_bytes()));
+            }
+            Val::ArrBool(v) => {
+                o.extend(7u32.to_le_bytes());
+                o.extend((v.len() as u64).to_le_bytes());
+                v.iter().for_each(|x| o.push(*x as u8));
+            }
+            Val::ArrStr(v) => {
+                o.extend(8u32.to_le_bytes());
+                o.extend((v.len() as u64).to_le_bytes());
+                v.iter().for_each(|x| put_str(o, x));
+            }
+        }
+    }
+}
+
+/// Checkpoint tensor (prefix-relative) → GGUF name (gguf-py's tensor map for GEMMA4).
+pub fn gguf_name(hf: &str) -> Option<String> {
+    let fixed = match hf {
+        names::EMBED => Some("token_embd.weight"),
+        names::EMBED_PLE => Some("per_layer_token_embd.weight"),
+        names::PLE_PROJ => Some("per_layer_model_proj.weight"),
+        names::PLE_PROJ_NORM => Some("per_layer_proj_norm.weight"),
+        names::FINAL_NORM => Some("output_norm.weight"),
+        _ => None,
+    };
+    if let Some(f) = fixed {
+        return Some(f.into());
+    }
+    let rest = hf.strip_prefix("layers.")?;
+    let (i, t) = rest.split_once('.')?;
+    let g = match t {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.q_norm.weight" => "attn_q_norm.weight",
+        "self_attn.k_norm.weight" => "attn_k_norm.weight",
+        "post_attention_layernorm.weight" => "post_attention_norm.weight",
+        "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
+        "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        "per_layer_input_gate.weight" => "inp_gate.weight",
+        "per_layer_projection.weight" => "proj.weight",
+        "post_per_layer_input_norm.weight" => "post_norm.weight",
+        "layer_scalar" => "layer_output_scale.weight",
+        _ => return None,
+    };
+    Some(format!("blk.{i}.{g}"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileType {
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    /// llama-quantize's Q4_0 mix.
+    Q4_0,
+}
+
+impl FileType {
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "f32" => FileType::F32,
+            "f16" => FileType::F16,
+            "bf16" => FileType::BF16,
+            "q8_0" => FileType::Q8_0,
+            "q4_0" => FileType::Q4_0,
+            _ => return None,
+        })
+    }
+    /// llama_ftype (general.file_type).
+    fn id(self) -> u32 {
+        match self {
+            FileType::F32 => 0,
+            FileType::F16 => 1,
+            FileType::Q4_0 => 2,
+            FileType::Q8_0 => 7,
+            FileType::BF16 => 32,
+        }
+    }
+}
+
+pub struct Plan {
+    pub name: String,
+    pub hf: Option<String>,
+    /// ggml order (ne0 = the contiguous dimension first).
+    pub ne: Vec<u64>,
+    pub ty: GgmlType,
+}
+
+/// Per-tensor types. The converter keeps 1-D tensors (norms, scalars, rope_freqs) F32 and writes 2-D
+/// weights in the output type (q8_0 where the row length allows it, else F16). `llama-quantize … Q4_0`
+/// then requantizes 2-D weights to q4_0 except where llama.cpp's mix says otherwise; `pure` makes every
+/// 2-D weight q4_0. Rows not a multiple of 32 fall back (F16 from the converter, q4_0 → q5_0/q8_0 paths of
+/// llama-quantize are not taken: hexq uses F16 and says so).
+pub fn tensor_type(ft: FileType, hf: &str, ne: &[u64], pure: bool, role: Option<Role>) -> GgmlType {
+    if ne.len() < 2 {
+        return GgmlType::F32;
+    }
+    let row_ok = ne[0] % 32 == 0;
+    match ft {
+        FileType::F32 => GgmlType::F32,
+        FileType::F16 => GgmlType::F16,
+        FileType::BF16 => GgmlType::BF16,
+        FileType::Q8_0 if row_ok => GgmlType::Q8_0,
+        FileType::Q8_0 => GgmlType::F16,
+        FileType::Q4_0 => {
+            let _ = (hf, role, pure);
+            if row_ok {
+                GgmlType::Q4_0
+            } else {
+                GgmlType::F16
+            }
+        }
+    }
+}
+
+fn title(s: &str) -> String {
+    // gguf-py Metadata.id_to_title: '-' → ' ', lowercase words title-cased unless versions/numbers.
+    s.replace('-', " ")
+        .split_whitespace()
+        .map(|w| {
+            let lower = w.chars().all(|c| !c.is_alphabetic() || c.is_lowercase());
+            let versionish = w.starts_with(|c: char| c.is_ascii_digit())
+                || (w.starts_with('v')
+                    && w[1..].chars().all(|c| c.is_ascii_digit() || c == '.')
+                    && w.len() > 1);
+            if lower && !versionish {
+                let mut c = w.chars();
+                let f = c.next().unwrap();
+                f.to_uppercase().collect::<String>() + &c.as_str().to_lowercase()
+            } else {
+                w.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn rounded_notation(n: u64) -> String {
+    let n = n as f64;
+    let (v, s) = if n > 1e12 {
+        (n * 1e-12, "T")
+    } else if n > 1e9 {
+        (n * 1e-9, "B")
+    } else if n > 1e6 {
+        (n * 1e-6, "M")
+    } else {
+        (n * 1e-3, "K")
+    };
+    let digits = format!("{}", v.round() as u64)
+        .trim_start_matches('0')
+        .len();
+    let fix = 2usize.saturating_sub(digits);
+    format!("{v:.fix$}{s}")
+}
+
+/// The tokenizer keys, as gguf.LlamaHfVocab + SpecialVocab produce them from tokenizer.json.
+fn tokenizer_keys(ck: &Checkpoint, kv: &mut Vec<(String, Val)>) -> Result<()> {
+    let p = ck.dir.join("tokenizer.json");
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?)
+            .map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))?;
+    let model = &t["model"];
+    if model["type"] != "BPE" {
+        return Err(Error::file(
+            &p,
+            "llama.cpp's gemma4 tokenizer needs a BPE tokenizer.json",
+        ));
+    }
+    let vocab = model["vocab"]
+        .as_object()
+        .ok_or_else(|| Error::file(&p, "model.vocab missing"))?;
+    let mut toks: Vec<(u64, String)> = vocab
+        .iter()
+        .map(|(k, v)| (v.as_u64().unwrap_or(0), k.clone()))
+        .collect();
+    let mut specials = std::collections::HashMap::new();
+    for a in t["added_tokens"].as_array().into_iter().flatten() {
+        let id = a["id"].as_u64().unwrap_or(0);
+        let c = a["content"].as_str().unwrap_or("").to_string();
+        specials.insert(id, a["special"].as_bool().unwrap_or(false));
+        if !toks.iter().any(|(i, _)| *i == id) {
+            toks.push((id, c));
+        }
+    }
+    toks.sort();
+    let n = toks.len();
+    if toks.iter().enumerate().any(|(k, (i, _))| *i as usize != k) {
+        return Err(Error::file(&p, "token ids are not contiguous"));
+    }
+    if n != ck.config.vocab_size {
+        return Err(Error::file(
+            &p,
+            format!("{n} tokens, config vocab_size {}", ck.config.vocab_size),
+        ));
+    }
+    let visible = [
+        "<|channel>",
+        "<channel|>",
+        "<|tool_call>",
+        "<tool_call|>",
+        "<|tool_response>",
+        "<tool_response|>",
+        "<|\"|>",
+    ];
+    let types: Vec<i32> = toks
+        .iter()
+        .map(|(i, s)| {
+            if visible.contains(&s.as_str()) {
+                4 // USER_DEFINED
+            } else if let Some(&sp) = specials.get(i) {
+                if sp {
+                    3
+                } else {
+                    4
+                } // CONTROL / USER_DEFINED
+            } else if s.len() == 6 && s.starts_with("<0x") && s.ends_with('>') {
+                6 // BYTE
+            } else {
+                1 // NORMAL
+            }
+        })
+        .collect();
+    kv.push(("tokenizer.ggml.model".into(), Val::Str("gemma4".into())));
+    kv.push((
+        "tokenizer.ggml.tokens".into(),
+        Val::ArrStr(toks.into_iter().map(|(_, s)| s).collect()),
+    ));
+    kv.push((
+        "tokenizer.ggml.scores".into(),
+        Val::ArrF32(vec![-1000.0; n]),
+    ));
+    kv.push(("tokenizer.ggml.token_type".into(), Val::ArrI32(types)));
+    let merges: Vec<String> = model["merges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| match m {
+            serde_json::Value::Array(a) => a
+                .iter()
+                .map(|x| x.as_str().unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join(" "),
+            v => v.as_str().unwrap_or("").to_string(),
+        })
+        .collect();
+    kv.push(("tokenizer.ggml.merges".into(), Val::ArrStr(merges)));
+    // Special ids: tokenizer_config.json's tokens, resolved in the vocabulary (SpecialVocab).
+    let tc_path = ck.dir.join("tokenizer_config.json");
+    let tc: serde_json::Value = std::fs::read_to_string(&tc_path)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default();
+    let lookup = |key: &str| -> Option<u32> {
+        let s = tc[key].as_str().or_else(|| tc[key]["content"].as_str())?;
+        vocab
+            .get(s)
+            .and_then(|v| v.as_u64())
+            .map(|v| v as u32)
+            .or_else(|| {
+                t["added_tokens"]
+                    .as_array()?
+                    .iter()
+                    .find(|a| a["content"] == s)
+                    .and_then(|a| a["id"].as_u64())
+                    .map(|v| v as u32)
+            })
+    };
+    for (k, name) in [
+        ("bos_token", "bos"),
+        ("eos_token", "eos"),
+        ("unk_token", "unknown"),
+        ("pad_token", "padding"),
+        ("mask_token", "mask"),
+    ] {
+        if let Some(id) = lookup(k) {
+            kv.push((format!("tokenizer.ggml.{name}_token_id"), Val::U32(id)));
+        }
+    }
+    let tmpl = ck.dir.join("chat_template.jinja");
+    let template = if tmpl.exists() {
+        Some(std::fs::read_to_string(&tmpl).map_err(|e| Error::io(&tmpl, e))?)
+    } else {
+        tc["chat_template"].as_str().map(|s| s.to_string())
+    };
+    if let Some(s) = template {
+        kv.push(("tokenizer.chat_template".into(), Val::Str(s)));
+    }
+    kv.push(("tokenizer.ggml.add_space_prefix".into(), Val::Bool(false)));
+    kv.push(("tokenizer.ggml.add_bos_token".into(), Val::Bool(true)));
+    Ok(())
+}
+
+/// Every tensor written, in the converter's order: rope_freqs, then the checkpoint's text tensors in
+/// safetensors (sorted) order.
+pub fn plan(ck: &Checkpoint, ft: FileType, pure: bool) -> Result<Vec<Plan>> {
+    let cfg = &ck.config;
+    let full = cfg.layers.iter().find(|l| l.window.is_none());
+    let mut out = Vec::new();
+    if let Some(l) = full {
+        let r = &cfg.rope["full_attention"];
+        let _ = r;
+        out.push(Plan {
+            name: "rope_freqs.weight".into(),
+            hf: None,
+            ne: vec![(l.head_dim / 2) as u64],
+            ty: GgmlType::F32,
+        });
+    }
+    let roles: std::collections::HashMap<&str, Role> = ck
+        .tensors
+        .iter()
+        .map(|(s, _)| (s.name.as_str(), s.role))
+        .collect();
+    for full_name in ck.store.names() {
+        let Some(hf) = full_name.strip_prefix(cfg.prefix.as_str()) else {
+            continue;
+        };
+        let Some(g) = gguf_name(hf) else { continue };
+        let info = ck.store.get(full_name).unwrap();
+        let ne: Vec<u64> = info.shape.iter().rev().map(|&d| d as u64).collect();
+        let ty = tensor_type(ft, hf, &ne, pure, roles.get(hf).copied());
+        out.push(Plan {
+            name: g,
+            hf: Some(hf.to_string()),
+            ne,
+            ty,
+        });
+    }
+    Ok(out)
+}
+
+/// The metadata keys in the converter's order.
+pub fn metadata(ck: &Checkpoint, ft: FileType, plan: &[Plan]) -> Result<Vec<(String, Val)>> {
+    let c = &ck.config;
+    let raw = &c.raw_text;
+    let mut kv: Vec<(String, Val)> = Vec::new();
+    let a = |k: &str| format!("gemma4.{k}");
+    let dir_name = ck.dir.canonicalize().unwrap_or(ck.dir.clone());
+    let dir_name = dir_name
+        .file_name()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let total: u64 = plan.iter().map(|p| p.ne.iter().product::<u64>()).sum();
+    kv.push(("general.architecture".into(), Val::Str("gemma4".into())));
+    kv.push(("general.type".into(), Val::Str("model".into())));
+    kv.push(("general.name".into(), Val::Str(title(&dir_name))));
+    kv.push((
+        "general.size_label".into(),
+        Val::Str(rounded_notation(total)),
+    ));
+    kv.push((a("block_count"), Val::U32(c.num_layers as u32)));
+    kv.push((
+        a("context_length"),
+        Val::U32(c.max_position_embeddings as u32),
+    ));
+    kv.push((a("embedding_length"), Val::U32(c.hidden_size as u32)));
+    let double = raw["use_double_wide_mlp"].as_bool().unwrap_or(false);
+    kv.push((
+        a("feed_forward_length"),
+        if double {
+            Val::ArrI32(c.layers.iter().map(|l| l.mlp_width as i32).collect())
+        } else {
+            Val::U32(c.intermediate_size as u32)
+        },
+    ));
+    kv.push((a("attention.head_count"), Val::U32(c.num_heads as u32)));
+    let swa: Vec<bool> = c.layers.iter().map(|l| l.window.is_some()).collect();
+    let kvh_full = c
+        .layers
+        .iter()
+        .find(|l| l.window.is_none())
+        .map(|l| l.num_kv_heads);
+    let kvh_swa = c
+        .layers
+        .iter()
+        .find(|l| l.window.is_some())
+        .map(|l| l.num_kv_heads);
+    kv.push((
+        a("attention.head_count_kv"),
+        match (kvh_full, kvh_swa) {
+            (Some(f), Some(s)) if f != s => {
+                Val::ArrI32(swa.iter().map(|&w| if w { s } else { f } as i32).collect())
+            }
+            _ => Val::U32(c.layers[0].num_kv_heads as u32),
+        },
+    ));
+    let theta = |k: &str| c.rope.get(k).map(|r| r.theta as f32);
+    if let Some(t) = theta("full_attention") {
+        kv.push((a("rope.freq_base"), Val::F32(t)));
+    }
+    if let Some(t) = theta("sliding_attention") {
+        kv.push((a("rope.freq_base_swa"), Val::F32(t)));
+    }
+    kv.push((
+        a("attention.layer_norm_rms_epsilon"),
+        Val::F32(c.rms_norm_eps as f32),
+    ));
+    let hd_full = c
+        .layers
+        .iter()
+        .find(|l| l.window.is_none())
+        .map(|l| l.head_dim)
+        .unwrap_or(c.layers[0].head_dim);
+    let hd_swa = c
+        .layers
+        .iter()
+        .find(|l| l.window.is_some())
+        .map(|l| l.head_dim)
+        .unwrap_or(hd_full);
+    kv.push((a("attention.key_length"), Val::U32(hd_full as u32)));
+    kv.push((a("attention.value_length"), Val::U32(hd_full as u32)));
+    kv.push(("general.file_type".into(), Val::U32(ft.id())));
+    if let Some(s) = c.final_logit_softcapping {
+        kv.push((a("final_logit_softcapping"), Val::F32(s as f32)));
+    }
+    kv.push((
+        a("attention.sliding_window"),
+        Val::U32(c.sliding_window as u32),
+    ));
+    kv.push((
+        a("attention.shared_kv_layers"),
+        Val::U32(c.num_kv_shared_layers as u32),
+    ));
+    kv.push((
+        a("embedding_length_per_layer_input"),
+        Val::U32(c.ple_dim as u32),
+    ));
+    kv.push((a("attention.sliding_window_pattern"), Val::ArrBool(swa)));
+    kv.push((a("attention.key_length_swa"), Val::U32(hd_swa as u32)));
+    kv.push((a("attention.value_length_swa"), Val::U32(hd_swa as u32)));
+    let prf_swa = c
+        .rope
+        .get("sliding_attention")
+        .map(|r| r.partial_rotary_factor)
+        .unwrap_or(1.0);
+    kv.push((a("rope.dimension_count"), Val::U32(hd_full as u32)));
+    kv.push((
+        a("rope.dimension_count_swa"),
+        Val::U32((hd_swa as f64 * prf_swa) as u32),
+    ));
+    kv.push(("general.quantization_version".into(), Val::U32(2)));
+    tokenizer_keys(ck, &mut kv)?;
+    Ok(kv)
+}
+
+/// Values of one planned tensor as f32 (checkpoint bytes, or the generated rope_freqs).
+fn values(ck: &Checkpoint, p: &Plan) -> Result<Vec<f32>> {
+    match &p.hf {
+        None => {
+            // Full layers: "proportional" RoPE; ggml's neox rope rotates the first dims, so the
+            // unrotated pairs get frequency factor 1e30 (conversion/gemma.py::generate_extra_tensors).
+            let r = &ck.config.rope["full_attention"];
+            let half = p.ne[0] as usize;
+            let n_rot = (r.head_dim as f64 * r.partial_rotary_factor / 2.0) as usize;
+            Ok((0..half)
+                .map(|i| if i < n_rot { 1.0 } else { 1e30 })
+                .collect())
+        }
+        Some(hf) => {
+            let info = ck.store.get(&format!("{}{hf}", ck.config.prefix)).unwrap();
+            let v = ck.store.to_f32(info);
+            ck.store.release(info);
+            Ok(v)
+        }
+    }
+}
+
+/// Write `path` (via a temp file renamed at the end). `progress` gets checkpoint bytes consumed.
+pub fn write_gguf(
+    ck: &Checkpoint,
+    path: &Path,
+    ft: FileType,
+    pure: bool,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Vec<Plan>> {
+    let plan = plan(ck, ft, pure)?;
+    let kv = metadata(ck, ft, &plan)?;
+    let mut head = Vec::new();
+    head.extend(b"GGUF");
+    head.extend(3u32.to_le_bytes());
+    head.extend((plan.len() as u64).to_le_bytes());
+    head.extend((kv.len() as u64).to_le_bytes());
+    for (k, v) in &kv {
+        put_str(&mut head, k);
+        v.write(&mut head);
+    }
+    let mut off = 0u64;
+    for p in &plan {
+        put_str(&mut head, &p.name);
+        head.extend((p.ne.len() as u32).to_le_bytes());
+        p.ne.iter().for_each(|d| head.extend(d.to_le_bytes()));
+        head.extend(p.ty.id().to_le_bytes());
+        head.extend(off.to_le_bytes());
+        let n: u64 = p.ne.iter().product();
+        off += p.ty.bytes(n as usize) as u64;
+        off = off.div_ceil(ALIGN) * ALIGN;
+    }
+    while head.len() as u64 % ALIGN != 0 {
+        head.push(0);
+    }
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp-{}",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    let res = (|| -> Result<()> {
+        let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
+        w.write_all(&head).map_err(|e| Error::io(&tmp, e))?;
+        let mut written = 0u64;
+        for p in &plan {
+            let v = values(ck, p)?;
+            let bytes = ggml::encode(p.ty, &v, p.ne[0] as usize)
+                .map_err(|m| Error::Msg(format!("{}: {m}", p.hf.as_deref().unwrap_or(&p.name))))?;
+            w.write_all(&bytes).map_err(|e| Error::io(&tmp, e))?;
+            written += bytes.len() as u64;
+            let pad = written.div_ceil(ALIGN) * ALIGN - written;
+            w.write_all(&vec![0u8; pad as usize])
+                .map_err(|e| Error::io(&tmp, e))?;
+            written += pad;
+            progress((v.len() * 2) as u64);
+        }
+        let mut f = w
+            .into_inner()
+            .map_err(|e| Error::io(&tmp, e.into_error()))?;
+        f.flush().map_err(|e| Error::io(&tmp, e))?;
+        let end = f
+            .seek(SeekFrom::Current(0))
+            .map_err(|e| Error::io(&tmp, e))?;
+        debug_assert_eq!(end, head.len() as u64 + written);
+        f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res.map(|_| plan)
+}
