@@ -7,7 +7,7 @@
 //! gguf-py 0.19). Why our own writer: candle's `gguf_file::write` needs every tensor in memory, and gguf-rs
 //! only reads.
 
-use hexq_model::names::{self, Role};
+use hexq_model::names;
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_quantize::ggml::{self, GgmlType};
 use std::io::{Seek, SeekFrom, Write};
@@ -156,31 +156,54 @@ pub struct Plan {
     pub ty: GgmlType,
 }
 
-/// Per-tensor types. The converter keeps 1-D tensors (norms, scalars, rope_freqs) F32 and writes 2-D
-/// weights in the output type (q8_0 where the row length allows it, else F16). `llama-quantize … Q4_0`
-/// then requantizes 2-D weights to q4_0 except where llama.cpp's mix says otherwise; `pure` makes every
-/// 2-D weight q4_0. Rows not a multiple of 32 fall back (F16 from the converter, q4_0 → q5_0/q8_0 paths of
-/// llama-quantize are not taken: hexq uses F16 and says so).
-pub fn tensor_type(ft: FileType, hf: &str, ne: &[u64], pure: bool, role: Option<Role>) -> GgmlType {
+/// Per-tensor types, as the converter (+ llama-quantize for Q4_0) choose them:
+/// - 1-D tensors (norms, scalars, rope_freqs) stay F32;
+/// - f16/bf16/q8_0 outputs: 2-D weights in that type (q8_0 only where rows are multiples of 32, else F16);
+/// - Q4_0 (llama-quantize's mix, read from its source and checked on the fixture): q4_0, except
+///   `per_layer_model_proj` (kept in the source GGUF's type: BF16 from a bf16 checkpoint, else F16), rows not
+///   a multiple of 32 (F16), and, unless `pure`, the two token-embedding tables, which llama-quantize makes
+///   q6_K — or q8_0 when their rows are not a multiple of 256. q6_K is not implemented in hexq: such configs
+///   (E2B) need `--pure`, the mix of the published 4-bit build.
+pub fn tensor_type(
+    ft: FileType,
+    gname: &str,
+    ne: &[u64],
+    pure: bool,
+    src: hexq_model::weights::DType,
+) -> std::result::Result<GgmlType, String> {
     if ne.len() < 2 {
-        return GgmlType::F32;
+        return Ok(GgmlType::F32);
     }
     let row_ok = ne[0] % 32 == 0;
-    match ft {
+    Ok(match ft {
         FileType::F32 => GgmlType::F32,
         FileType::F16 => GgmlType::F16,
         FileType::BF16 => GgmlType::BF16,
         FileType::Q8_0 if row_ok => GgmlType::Q8_0,
         FileType::Q8_0 => GgmlType::F16,
         FileType::Q4_0 => {
-            let _ = (hf, role, pure);
-            if row_ok {
-                GgmlType::Q4_0
-            } else {
+            if gname == "per_layer_model_proj.weight" {
+                if src == hexq_model::weights::DType::BF16 {
+                    GgmlType::BF16
+                } else {
+                    GgmlType::F16
+                }
+            } else if !row_ok {
                 GgmlType::F16
+            } else if !pure
+                && (gname == "token_embd.weight" || gname == "per_layer_token_embd.weight")
+            {
+                if ne[0] % 256 == 0 {
+                    return Err(format!(
+                        "{gname}: llama-quantize's Q4_0 mix makes this q6_K, which hexq does not implement; use --pure (every 2-D weight q4_0, the published 4-bit build's mix)"
+                    ));
+                }
+                GgmlType::Q8_0
+            } else {
+                GgmlType::Q4_0
             }
         }
-    }
+    })
 }
 
 fn title(s: &str) -> String {
@@ -376,7 +399,7 @@ pub fn plan(ck: &Checkpoint, ft: FileType, pure: bool) -> Result<Vec<Plan>> {
             ty: GgmlType::F32,
         });
     }
-    let roles: std::collections::HashMap<&str, Role> = ck
+    let _roles: std::collections::HashMap<&str, hexq_model::names::Role> = ck
         .tensors
         .iter()
         .map(|(s, _)| (s.name.as_str(), s.role))
@@ -388,13 +411,23 @@ pub fn plan(ck: &Checkpoint, ft: FileType, pure: bool) -> Result<Vec<Plan>> {
         let Some(g) = gguf_name(hf) else { continue };
         let info = ck.store.get(full_name).unwrap();
         let ne: Vec<u64> = info.shape.iter().rev().map(|&d| d as u64).collect();
-        let ty = tensor_type(ft, hf, &ne, pure, roles.get(hf).copied());
+        let ty = tensor_type(ft, &g, &ne, pure, info.dtype).map_err(Error::Msg)?;
         out.push(Plan {
             name: g,
             hf: Some(hf.to_string()),
             ne,
             ty,
         });
+    }
+    if ft == FileType::Q4_0 {
+        // llama-quantize rewrites in its own order: model-level tensors by name, then blocks by number.
+        let key = |p: &Plan| -> (u64, String) {
+            match p.name.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+                Some((i, rest)) => (1 + i.parse::<u64>().unwrap_or(0), rest.to_string()),
+                None => (0, p.name.clone()),
+            }
+        };
+        out.sort_by_key(key);
     }
     Ok(out)
 }
@@ -510,6 +543,16 @@ pub fn metadata(ck: &Checkpoint, ft: FileType, plan: &[Plan]) -> Result<Vec<(Str
     ));
     kv.push(("general.quantization_version".into(), Val::U32(2)));
     tokenizer_keys(ck, &mut kv)?;
+    if ft == FileType::Q4_0 {
+        // llama-quantize re-sets these two, which moves them to the end.
+        let mut moved = Vec::new();
+        for k in ["general.quantization_version", "general.file_type"] {
+            if let Some(i) = kv.iter().position(|(n, _)| n == k) {
+                moved.push(kv.remove(i));
+            }
+        }
+        kv.extend(moved);
+    }
     Ok(kv)
 }
 
