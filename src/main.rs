@@ -192,6 +192,34 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Weights-only grid ablation vs float: bits/weight, size, SQNR per tensor class, top-1, KL, perplexity,
+    /// hidden cosine — Markdown table (or --json/--csv), and an SVG of accuracy vs bits/weight.
+    Ablate {
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Comma list of int8-pc, int4-pc, int4-pc-mlp-only, q4_0-g32, g64, g128.
+        #[arg(
+            long,
+            default_value = "int8-pc,int4-pc,q4_0-g32,g64,g128,int4-pc-mlp-only"
+        )]
+        schemes: String,
+        #[arg(long, default_value = "datasets/heldout.jsonl")]
+        dataset: PathBuf,
+        #[arg(long, default_value_t = 24)]
+        limit: usize,
+        /// Heavy-tailed input-channel scales folded into the weights (function-preserving; see README).
+        #[arg(long)]
+        heavy_tail: bool,
+        #[arg(long, default_value_t = 512)]
+        context: usize,
+        #[arg(long)]
+        json: bool,
+        #[arg(long)]
+        csv: bool,
+        /// Write the accuracy-vs-bits plot here (SVG).
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
     /// Write a random-weight bf16 checkpoint with the real names and shapes of a config (streamed).
     Synth {
         /// A Gemma-4 config.json (e.g. ../shared/docs/e2b-config-inferred.json).
@@ -976,6 +1004,57 @@ fn gguf(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
+fn ablate(
+    model: Option<PathBuf>,
+    schemes: String,
+    dataset: PathBuf,
+    limit: usize,
+    heavy_tail: bool,
+    context: usize,
+    as_json: bool,
+    csv: bool,
+    plot: Option<PathBuf>,
+) -> Result<()> {
+    use hexq_quantize::ablate::{ablate, Scheme};
+    let dir = model_dir(model)?;
+    let ck = Arc::new(Checkpoint::open(&dir)?);
+    let tok = Tokenizer::from_dir(&dir)?;
+    let sc: Vec<Scheme> = schemes
+        .split(',')
+        .map(|s| Scheme::parse(s.trim()).ok_or_else(|| anyhow::anyhow!("unknown scheme {s:?} (int8-pc, int4-pc, int4-pc-mlp-only, q4_0-g32, g64, g128)")))
+        .collect::<Result<_>>()?;
+    let recs = hexq_calibrate::load_dataset(&dataset)?;
+    let mut seqs = Vec::new();
+    for r in recs.iter().take(limit) {
+        let ids = match &r.messages {
+            Some(m) => tok.encode_chat(m)?,
+            None => anyhow::bail!(
+                "{}: record {} is not chat-formatted",
+                dataset.display(),
+                r.id
+            ),
+        };
+        seqs.push(ids.into_iter().take(context).collect::<Vec<u32>>());
+    }
+    let pb = count_progress("ablate");
+    pb.set_length(sc.len() as u64 + 1);
+    let o = hexq_model::graph::GraphOptions { context, seq: 128 };
+    let rep = ablate(&ck, &seqs, &sc, heavy_tail, &o, &pb)?;
+    pb.finish_and_clear();
+    if let Some(p) = plot {
+        hexq_model::fsutil::write_atomic(&p, rep.svg().as_bytes())?;
+    }
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&rep)?);
+    } else if csv {
+        print!("{}", rep.csv());
+    } else {
+        print!("{}", rep.markdown());
+    }
+    Ok(())
+}
+
 fn synth(
     config: PathBuf,
     out: PathBuf,
@@ -1034,6 +1113,19 @@ fn main() {
             json,
         } => inspect(model, tensors, json),
         Cmd::Run(a) => run(a),
+        Cmd::Ablate {
+            model,
+            schemes,
+            dataset,
+            limit,
+            heavy_tail,
+            context,
+            json,
+            csv,
+            plot,
+        } => ablate(
+            model, schemes, dataset, limit, heavy_tail, context, json, csv, plot,
+        ),
         Cmd::Gguf {
             model,
             ty,

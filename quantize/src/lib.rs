@@ -14,6 +14,7 @@
 //!   convention: real = scale·(q + offset), offset ≤ 0).
 //! Gemma-4 has no biases, so no int32 bias encodings are emitted (the rule would be scale_act × scale_w).
 
+pub mod ablate;
 pub mod ggml;
 pub mod quantsim;
 pub mod verify;
