@@ -622,16 +622,41 @@ pub fn write_gguf(
         w.write_all(&head).map_err(|e| Error::io(&tmp, e))?;
         let mut written = 0u64;
         for p in &plan {
-            let v = values(ck, p)?;
-            let bytes = ggml::encode(p.ty, &v, p.ne[0] as usize)
-                .map_err(|m| Error::Msg(format!("{}: {m}", p.hf.as_deref().unwrap_or(&p.name))))?;
-            w.write_all(&bytes).map_err(|e| Error::io(&tmp, e))?;
-            written += bytes.len() as u64;
+            // Whole rows, ~64 MiB of source at a time, pages released behind: peak memory is a chunk, not
+            // the 4.7 GB per-layer embedding.
+            let name = p.hf.as_deref().unwrap_or(&p.name).to_string();
+            let row = p.ne[0] as usize;
+            let mut put = |v: &[f32], written: &mut u64| -> Result<()> {
+                let bytes =
+                    ggml::encode(p.ty, v, row).map_err(|m| Error::Msg(format!("{name}: {m}")))?;
+                w.write_all(&bytes).map_err(|e| Error::io(&tmp, e))?;
+                *written += bytes.len() as u64;
+                Ok(())
+            };
+            match &p.hf {
+                None => put(&values(ck, p)?, &mut written)?,
+                Some(hf) => {
+                    let info = ck.store.get(&format!("{}{hf}", ck.config.prefix)).unwrap();
+                    let raw = ck.store.bytes(info);
+                    let row_b = row * info.dtype.size();
+                    let rows_per = ((64usize << 20) / row_b).max(1);
+                    let mut a = 0;
+                    while a < raw.len() {
+                        let b = (a + rows_per * row_b).min(raw.len());
+                        put(
+                            &hexq_model::weights::to_f32(&raw[a..b], info.dtype),
+                            &mut written,
+                        )?;
+                        progress((b - a) as u64);
+                        ck.store.release_range(info, a, b);
+                        a = b;
+                    }
+                }
+            }
             let pad = written.div_ceil(ALIGN) * ALIGN - written;
             w.write_all(&vec![0u8; pad as usize])
                 .map_err(|e| Error::io(&tmp, e))?;
             written += pad;
-            progress((v.len() * 2) as u64);
         }
         let mut f = w
             .into_inner()

@@ -186,6 +186,7 @@ pub fn write_host_model(
                 }
             }
             progress(chunk.len() as u64);
+            ck.store.release_range(&info, r0 * row_b, r1 * row_b);
             r0 = r1;
         }
         ck.store.release(&info);

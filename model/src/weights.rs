@@ -177,11 +177,16 @@ impl SafetensorsStore {
     /// (they stay in the page cache and are re-read on demand), so a pass over a 10 GB checkpoint keeps
     /// RSS near one tensor instead of growing to the whole mapped file.
     pub fn release(&self, info: &TensorInfo) {
+        self.release_range(info, 0, info.end - info.start);
+    }
+
+    /// [`Self::release`] for bytes `[a, b)` of a tensor (streaming writers release as they go).
+    pub fn release_range(&self, info: &TensorInfo, a: usize, b: usize) {
         #[cfg(unix)]
         {
             let page = 4096usize;
-            let start = info.start / page * page;
-            let len = info.end - start;
+            let start = (info.start + a) / page * page;
+            let len = info.start + b - start;
             // SAFETY: read-only, file-backed mapping: DONTNEED only discards clean pages, which the kernel
             // re-reads from the file on the next access; no slice into them is live across this call in
             // the streaming writers that use it.
