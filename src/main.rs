@@ -264,9 +264,12 @@ struct RunArgs {
     /// comes from their host-model/.
     #[arg(long)]
     artifacts: Vec<PathBuf>,
-    /// ort backend: intra-op threads (0 = onnxruntime's default).
+    /// ort/llama backends: threads (0 = the runtime's default).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// llama backend: the GGUF to run (llama.cpp from $LLAMA_CPP_BUILD); tokenizer and chat template from --model.
+    #[arg(long)]
+    gguf: Option<PathBuf>,
     #[arg(long)]
     json: bool,
 }
@@ -279,6 +282,8 @@ enum BackendKind {
     Graph,
     /// Exported ONNX (float or QDQ) in onnxruntime, host side from host-model/ (--artifacts).
     Ort,
+    /// A GGUF in llama.cpp (--gguf; LLAMA_CPP_BUILD = its build directory).
+    Llama,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -442,6 +447,15 @@ fn run(a: RunArgs) -> Result<()> {
             }
             let b = hexq_runtime::ort::OrtBackend::open(&a.artifacts, a.threads)?;
             let tok = Tokenizer::from_dir(&b.host.dir)?;
+            (Box::new(b), tok)
+        }
+        BackendKind::Llama => {
+            let g = a
+                .gguf
+                .clone()
+                .ok_or_else(|| anyhow::anyhow!("--backend llama needs --gguf F.gguf"))?;
+            let tok = Tokenizer::from_dir(&model_dir(a.model.clone())?)?;
+            let b = hexq_runtime::llama::LlamaBackend::open(&g, a.context, a.threads)?;
             (Box::new(b), tok)
         }
     };
@@ -803,6 +817,7 @@ fn pipeline(
         seq: 128,
         artifacts: vec![],
         threads: 0,
+        gguf: None,
         json: false,
     })?;
     run(RunArgs {
@@ -815,6 +830,7 @@ fn pipeline(
         seq: 128,
         artifacts: vec![],
         threads: 0,
+        gguf: None,
         json: false,
     })?;
     eprintln!("== calibrate ({calib_limit} chat-formatted prompts, 8 decode tokens each)");

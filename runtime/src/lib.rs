@@ -7,6 +7,7 @@
 
 pub mod graph;
 pub mod host;
+pub mod llama;
 pub mod ort;
 
 use hexq_model::chat::{Message, Tokenizer, STOP_IDS};
