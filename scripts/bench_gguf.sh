@@ -7,11 +7,16 @@ set -euo pipefail
 ck="$1"; llama="$2"; work="$3"
 hexq="$(cd "$(dirname "$0")/.." && pwd)/target/release/hexq"
 mkdir -p "$work"
+# Every step starts with its input in the page cache (cat first), so the figures compare the tools, not the disk.
+warm() { cat "$@" > /dev/null; }
 t() { /usr/bin/time -f "%e %M" -o "$work/$1.time" "${@:2}" > "$work/$1.log" 2>&1; read -r s k < "$work/$1.time"; printf "| %s | %.1f s | %.2f GiB |\n" "$1" "$s" "$(echo "$k/1048576" | bc -l)"; }
 echo "| step | wall | peak RSS |"
 echo "|---|---|---|"
+warm "$ck"/*.safetensors
 t hexq-gguf "$hexq" gguf --model "$ck" --type q4_0 --pure --out "$work/hexq.gguf" --force
+warm "$ck"/*.safetensors
 t llama-convert env PYTHONPATH="$llama/gguf-py" python3 "$llama/convert_hf_to_gguf.py" "$ck" --outtype bf16 --outfile "$work/bf16.gguf"
+warm "$work/bf16.gguf"
 t llama-quantize "$llama/build/bin/llama-quantize" --pure "$work/bf16.gguf" "$work/llama.gguf" Q4_0
 ls -l "$work/hexq.gguf" "$work/llama.gguf" | awk '{printf "%s %.3f GiB\n", $NF, $5/1073741824}'
 python3 - "$work/hexq.gguf" "$work/llama.gguf" <<'PY'

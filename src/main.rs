@@ -997,7 +997,9 @@ fn gguf(
         "bytes": std::fs::metadata(&out)?.len(),
         "sha256": hexq_model::fsutil::sha256_file(&out)?,
         "type": ty, "pure": pure, "tensors": plan.len(), "tensor_types": types,
-        "source": {"dir": ck.dir.display().to_string(), "sha256": hexq_export::source_hashes(&ck)?},
+        // The source's identity without a second pass over 10 GB: config.json's SHA256 and each
+        // safetensors file's size and header SHA256 (names, dtypes, shapes, offsets).
+        "source": {"dir": ck.dir.display().to_string(), "identity": hexq_export::source_identity(&ck)?},
         "seconds": t0.elapsed().as_secs_f64(),
     });
     let mp = PathBuf::from(format!("{}.manifest.json", out.display()));

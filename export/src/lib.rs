@@ -210,6 +210,30 @@ pub fn source_hashes(ck: &Checkpoint) -> Result<serde_json::Value> {
     Ok(serde_json::Value::Object(m))
 }
 
+/// A cheap source identity: config.json's SHA256, and per safetensors file its size and the SHA256 of its
+/// header (every tensor's name, dtype, shape and offsets) — for manifests of commands that must not re-read
+/// the whole checkpoint.
+pub fn source_identity(ck: &Checkpoint) -> Result<serde_json::Value> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut m = serde_json::Map::new();
+    let cfg = ck.dir.join("config.json");
+    m.insert("config.json".into(), hexq_model::fsutil::sha256_file(&cfg)?.into());
+    for f in &ck.store.files {
+        let mut h = std::fs::File::open(f).map_err(|e| Error::io(f, e))?;
+        let mut n = [0u8; 8];
+        h.read_exact(&mut n).map_err(|e| Error::io(f, e))?;
+        let mut head = vec![0u8; u64::from_le_bytes(n) as usize];
+        h.read_exact(&mut head).map_err(|e| Error::io(f, e))?;
+        let bytes = std::fs::metadata(f).map_err(|e| Error::io(f, e))?.len();
+        m.insert(
+            f.file_name().unwrap().to_string_lossy().to_string(),
+            json!({"bytes": bytes, "header_sha256": format!("{:x}", Sha256::digest(&head))}),
+        );
+    }
+    Ok(serde_json::Value::Object(m))
+}
+
 /// The I/O contract of a graph as JSON (what a host loop or a compiler needs to bind buffers).
 pub fn io_contract_json(g: &Graph, enc: Option<&Encodings>) -> serde_json::Value {
     let io = |v: &hexq_model::graph::ir::ValueInfo| {
