@@ -870,7 +870,7 @@ fn pipeline(
     eprintln!("== verify A16W8 ({verify_limit} held-out prompts)");
     verify(
         model.clone(),
-        enc,
+        enc.clone(),
         Some(st.clone()),
         "datasets/heldout.jsonl".into(),
         Some(verify_limit),
@@ -879,13 +879,85 @@ fn pipeline(
     )?;
     eprintln!("== verify A16W8 + int8 KV");
     verify(
-        model,
-        enc8,
+        model.clone(),
+        enc8.clone(),
         Some(st),
         "datasets/heldout.jsonl".into(),
         Some(verify_limit),
         8,
         false,
+    )?;
+    let go = hexq_model::graph::GraphOptions { context, seq: 128 };
+    for (variant, e) in [("decode_wgqa", &enc), ("decode_wgqa_int8kv", &enc8)] {
+        eprintln!("== export {variant} (QDQ from the encodings, host-model/, manifest)");
+        export(
+            model.clone(),
+            variant.into(),
+            go,
+            Some(e.clone()),
+            true,
+            "f32".into(),
+            "native".into(),
+            out.join(format!("{variant}.qdq")),
+            true,
+            false,
+        )?;
+    }
+    eprintln!("== export trunk (float)");
+    export(
+        model.clone(),
+        "trunk".into(),
+        go,
+        None,
+        false,
+        "f32".into(),
+        "native".into(),
+        out.join("trunk"),
+        true,
+        false,
+    )?;
+    eprintln!("== run the QDQ decode_wgqa export in onnxruntime");
+    run(RunArgs {
+        model: model.clone(),
+        prompt: "What is the capital of France?".into(),
+        system: None,
+        max_tokens: 16,
+        backend: BackendKind::Ort,
+        context,
+        seq: 128,
+        artifacts: vec![out.join("decode_wgqa.qdq")],
+        threads: 0,
+        gguf: None,
+        json: false,
+    })?;
+    eprintln!("== GGUF q4_0 (--pure, the published 4-bit mix) and f16");
+    gguf(
+        model.clone(),
+        "q4_0".into(),
+        true,
+        out.join("model-q4_0-pure.gguf"),
+        true,
+        false,
+    )?;
+    gguf(
+        model.clone(),
+        "f16".into(),
+        false,
+        out.join("model-f16.gguf"),
+        true,
+        false,
+    )?;
+    eprintln!("== weight-grid ablation (heavy-tailed input channels)");
+    ablate(
+        model,
+        "int8-pc,int4-pc,q4_0-g32,g64,g128,int4-pc-mlp-only".into(),
+        "datasets/heldout.jsonl".into(),
+        verify_limit,
+        true,
+        context,
+        false,
+        false,
+        Some(out.join("ablate.svg")),
     )?;
     eprintln!("artifacts in {}", out.display());
     Ok(())
@@ -984,7 +1056,7 @@ fn gguf(
     let pb = progress(total, "gguf");
     let t0 = std::time::Instant::now();
     let tick = |n: u64| pb.inc(n);
-    let plan = gguf::write_gguf(&ck, &out, ft, pure, &tick)?;
+    let (plan, sha) = gguf::write_gguf(&ck, &out, ft, pure, &tick)?;
     pb.finish_and_clear();
     let mut types = std::collections::BTreeMap::new();
     for p in &plan {
@@ -995,7 +1067,7 @@ fn gguf(
         "command": std::env::args().collect::<Vec<_>>(),
         "file": out.file_name().unwrap().to_string_lossy(),
         "bytes": std::fs::metadata(&out)?.len(),
-        "sha256": hexq_model::fsutil::sha256_file(&out)?,
+        "sha256": sha,
         "type": ty, "pure": pure, "tensors": plan.len(), "tensor_types": types,
         // The source's identity without a second pass over 10 GB: config.json's SHA256 and each
         // safetensors file's size and header SHA256 (names, dtypes, shapes, offsets).

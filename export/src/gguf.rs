@@ -556,6 +556,24 @@ pub fn metadata(ck: &Checkpoint, ft: FileType, plan: &[Plan]) -> Result<Vec<(Str
     Ok(kv)
 }
 
+/// Writes through and hashes what it writes (the manifest's SHA256 without re-reading the file).
+struct HashW<W: Write> {
+    w: W,
+    h: sha2::Sha256,
+}
+
+impl<W: Write> Write for HashW<W> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        use sha2::Digest;
+        let n = self.w.write(b)?;
+        self.h.update(&b[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.w.flush()
+    }
+}
+
 /// Values of one planned tensor as f32 (checkpoint bytes, or the generated rope_freqs).
 fn values(ck: &Checkpoint, p: &Plan) -> Result<Vec<f32>> {
     match &p.hf {
@@ -585,7 +603,7 @@ pub fn write_gguf(
     ft: FileType,
     pure: bool,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<Vec<Plan>> {
+) -> Result<(Vec<Plan>, String)> {
     let plan = plan(ck, ft, pure)?;
     let kv = metadata(ck, ft, &plan)?;
     let mut head = Vec::new();
@@ -616,39 +634,62 @@ pub fn write_gguf(
         path.file_name().unwrap_or_default().to_string_lossy(),
         std::process::id()
     ));
-    let res = (|| -> Result<()> {
+    let res = (|| -> Result<String> {
         let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
+        let mut w = std::io::BufWriter::with_capacity(
+            8 << 20,
+            HashW {
+                w: f,
+                h: <sha2::Sha256 as sha2::Digest>::new(),
+            },
+        );
         w.write_all(&head).map_err(|e| Error::io(&tmp, e))?;
         let mut written = 0u64;
+        // Reused across chunks and tensors.
+        let (mut obuf, mut fbuf): (Vec<u8>, Vec<f32>) = (Vec::new(), Vec::new());
         for p in &plan {
             // Whole rows, ~64 MiB of source at a time, pages released behind: peak memory is a chunk, not
             // the 4.7 GB per-layer embedding.
             let name = p.hf.as_deref().unwrap_or(&p.name).to_string();
             let row = p.ne[0] as usize;
             let mut put = |v: &[f32], written: &mut u64| -> Result<()> {
-                let bytes =
-                    ggml::encode(p.ty, v, row).map_err(|m| Error::Msg(format!("{name}: {m}")))?;
-                w.write_all(&bytes).map_err(|e| Error::io(&tmp, e))?;
-                *written += bytes.len() as u64;
+                ggml::encode_into(p.ty, v, row, &mut obuf)
+                    .map_err(|m| Error::Msg(format!("{name}: {m}")))?;
+                w.write_all(&obuf).map_err(|e| Error::io(&tmp, e))?;
+                *written += obuf.len() as u64;
                 Ok(())
             };
             match &p.hf {
                 None => put(&values(ck, p)?, &mut written)?,
                 Some(hf) => {
                     let info = ck.store.get(&format!("{}{hf}", ck.config.prefix)).unwrap();
-                    let raw = ck.store.bytes(info);
+                    // pread into one buffer rather than faulting the mapping in page by page: the
+                    // per-layer embedding alone is a million 4 KiB faults.
+                    use std::os::unix::fs::FileExt;
+                    let file = ck.store.file_of(info);
+                    let fh = std::fs::File::open(file).map_err(|e| Error::io(file, e))?;
+                    let len = info.end - info.start;
                     let row_b = row * info.dtype.size();
                     let rows_per = ((64usize << 20) / row_b).max(1);
+                    let mut buf = vec![0u8; (rows_per * row_b).min(len)];
                     let mut a = 0;
-                    while a < raw.len() {
-                        let b = (a + rows_per * row_b).min(raw.len());
-                        put(
-                            &hexq_model::weights::to_f32(&raw[a..b], info.dtype),
-                            &mut written,
-                        )?;
+                    while a < len {
+                        let b = (a + rows_per * row_b).min(len);
+                        let chunk = &mut buf[..b - a];
+                        fh.read_exact_at(chunk, (info.start + a) as u64)
+                            .map_err(|e| Error::tensor(file, hf, format!("reading: {e}")))?;
+                        match info.dtype {
+                            hexq_model::weights::DType::F16 => {
+                                fbuf = hexq_model::weights::to_f32(chunk, info.dtype)
+                            }
+                            d => ggml::to_f32_into(
+                                chunk,
+                                d == hexq_model::weights::DType::BF16,
+                                &mut fbuf,
+                            ),
+                        }
+                        put(&fbuf, &mut written)?;
                         progress((b - a) as u64);
-                        ck.store.release_range(info, a, b);
                         a = b;
                     }
                 }
@@ -658,19 +699,21 @@ pub fn write_gguf(
                 .map_err(|e| Error::io(&tmp, e))?;
             written += pad;
         }
-        let mut f = w
+        let hw = w
             .into_inner()
             .map_err(|e| Error::io(&tmp, e.into_error()))?;
+        let HashW { w: mut f, h } = hw;
         f.flush().map_err(|e| Error::io(&tmp, e))?;
         let end = f
             .seek(SeekFrom::Current(0))
             .map_err(|e| Error::io(&tmp, e))?;
         debug_assert_eq!(end, head.len() as u64 + written);
         f.sync_all().map_err(|e| Error::io(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+        Ok(format!("{:x}", sha2::Digest::finalize(h)))
     })();
     if res.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    res.map(|_| plan)
+    res.map(|sha| (plan, sha))
 }

@@ -218,7 +218,10 @@ pub fn source_identity(ck: &Checkpoint) -> Result<serde_json::Value> {
     use std::io::Read;
     let mut m = serde_json::Map::new();
     let cfg = ck.dir.join("config.json");
-    m.insert("config.json".into(), hexq_model::fsutil::sha256_file(&cfg)?.into());
+    m.insert(
+        "config.json".into(),
+        hexq_model::fsutil::sha256_file(&cfg)?.into(),
+    );
     for f in &ck.store.files {
         let mut h = std::fs::File::open(f).map_err(|e| Error::io(f, e))?;
         let mut n = [0u8; 8];

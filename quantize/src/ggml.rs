@@ -165,40 +165,69 @@ pub fn dequantize_q8_0(b: &[u8]) -> Vec<f32> {
 
 /// Values in a ggml type (rayon over rows for the block types; `row` = ne0).
 pub fn encode(t: GgmlType, x: &[f32], row: usize) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    encode_into(t, x, row, &mut out)?;
+    Ok(out)
+}
+
+/// [`encode`] into a reused buffer (streaming writers call this per chunk: no fresh allocation, so no
+/// zero-fill page faults per chunk).
+pub fn encode_into(t: GgmlType, x: &[f32], row: usize, out: &mut Vec<u8>) -> Result<(), String> {
     use rayon::prelude::*;
-    Ok(match t {
-        GgmlType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        GgmlType::F16 => x
-            .iter()
-            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
-            .collect(),
-        GgmlType::BF16 => x
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-            .collect(),
+    out.clear();
+    match t {
+        GgmlType::F32 => out.extend(x.iter().flat_map(|v| v.to_le_bytes())),
+        GgmlType::F16 => out.extend(x.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes())),
+        GgmlType::BF16 => out.extend(
+            x.iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()),
+        ),
         GgmlType::Q4_0 | GgmlType::Q8_0 => {
             if row % QK != 0 {
                 return Err(format!("row length {row} is not a multiple of {QK}"));
             }
-            let parts: Vec<Result<Vec<u8>, String>> = x
-                .par_chunks(row.max(QK) * 64)
-                .map(|c| {
-                    let mut o = Vec::with_capacity(t.bytes(c.len()));
+            check_finite(x)?;
+            out.resize(t.bytes(x.len()), 0);
+            let bs = t.bytes(QK);
+            // 256 blocks per task.
+            x.par_chunks(QK * 256)
+                .zip(out.par_chunks_mut(bs * 256))
+                .for_each(|(xs, os)| {
+                    let mut tmp = Vec::with_capacity(os.len());
                     if t == GgmlType::Q4_0 {
-                        quantize_q4_0(c, &mut o)?;
+                        quantize_q4_0(xs, &mut tmp).unwrap();
                     } else {
-                        quantize_q8_0(c, &mut o)?;
+                        quantize_q8_0(xs, &mut tmp).unwrap();
                     }
-                    Ok(o)
-                })
-                .collect();
-            let mut out = Vec::with_capacity(t.bytes(x.len()));
-            for p in parts {
-                out.extend(p?);
-            }
-            out
+                    os.copy_from_slice(&tmp);
+                });
         }
-    })
+    }
+    Ok(())
+}
+
+/// Little-endian storage bytes → f32 into a reused buffer.
+pub fn to_f32_into(b: &[u8], bf16: bool, out: &mut Vec<f32>) {
+    use rayon::prelude::*;
+    let n = b.len() / if bf16 { 2 } else { 4 };
+    out.resize(n, 0.0);
+    if bf16 {
+        out.par_chunks_mut(1 << 16)
+            .zip(b.par_chunks(2 << 16))
+            .for_each(|(o, s)| {
+                for (v, c) in o.iter_mut().zip(s.chunks_exact(2)) {
+                    *v = half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+                }
+            });
+    } else {
+        out.par_chunks_mut(1 << 16)
+            .zip(b.par_chunks(4 << 16))
+            .for_each(|(o, s)| {
+                for (v, c) in o.iter_mut().zip(s.chunks_exact(4)) {
+                    *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            });
+    }
 }
 
 #[cfg(test)]
