@@ -6,6 +6,7 @@ report where every node landed. Fails if any node falls back to the CPU.
 usage: ort_qnn_compile.py MODEL.onnx OUT_DIR --arch 79|81|75 [--json]
 """
 import argparse
+import os
 import json
 import re
 import sys
@@ -33,6 +34,8 @@ def main():
     if not devs:
         sys.exit(f"no {oq.EP_NAME} device after registering {oq.get_library_path()}")
     so = ort.SessionOptions()
+    if os.environ.get("HEXQ_QNN_VERBOSE"):
+        so.log_severity_level = 0
     so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     so.add_session_config_entry("ep.context_enable", "1")
     so.add_session_config_entry("ep.context_file_path", str(ctx))

@@ -772,7 +772,8 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
     // the range on the RMSNorm `inv_rms` tensors of the random fixture, where 1/sqrt amplifies it.
     assert!(a["compared"].as_u64().unwrap() >= 900, "{a}");
     assert_eq!(a["symmetric_mismatch"], serde_json::json!([]), "{a}");
-    assert!(a["symmetric_both"].as_u64().unwrap() >= 20, "{a}");
+    // The KV buffers written this call (present_*, read by the score/value MatMuls): 5 owners × K, V.
+    assert!(a["symmetric_both"].as_u64().unwrap() >= 10, "{a}");
     assert!(a["max_rel_range"].as_f64().unwrap() <= 0.01, "{a}");
     assert!(
         a["within_16_lsb"].as_f64().unwrap() >= 0.85 * a["compared"].as_f64().unwrap(),

@@ -5,7 +5,7 @@
 //! `per_layer_inputs` and applies the tied lm_head + softcap to `hidden_states`.
 //!
 //! - `decode_wgqa`: one token; sliding layers keep a ring of `sliding_window` entries, full layers one of
-//!   `context`; the write slot is `cache_position % len` in-graph (ScatterND); masks in-graph with NEG;
+//!   `context`; the write slot is `cache_position % len` in-graph (a Where select); masks in-graph with NEG;
 //!   GQA by grouping query heads per KV head so MatMul broadcasts — no Expand, no KV copies.
 //! - `decode_full`: the naive baseline: every buffer `context` long, KV expanded per query head.
 //! - `trunk`: SEQ tokens (padded; `valid_len` says how many are real) after the same ring buffers; attends
@@ -84,7 +84,7 @@ pub fn present_value(i: usize) -> String {
 /// Mask and ring-write tensors for one (buffer length, window) pair, shared by the layers that use it.
 #[derive(Clone)]
 struct Masks {
-    /// decode: the write slot, [1] int64.
+    /// decode: which buffer entry is this call's write slot, [1, 1, B, 1] bool.
     slot: Option<String>,
     /// decode: [B] additive mask over the buffer; trunk: [G*S, B+S] over past ring + chunk.
     mask: String,
@@ -198,6 +198,18 @@ impl Ctx<'_> {
 }
 
 impl Ctx<'_> {
+    /// Python's `a mod n` (result in [0, n)) for int64 tensors, from Div/Mul/Sub/Where: QNN's HTP backend
+    /// fails to finalize integer `Mod` (measured with onnxruntime-qnn 2.7 / QNN 2.51), while these compile.
+    fn imod(&mut self, a: &str, n: &str, name: &str) -> String {
+        let q = self.n(Op::Div, &[a, n], &format!("{name}.div"));
+        let qn = self.n(Op::Mul, &[&q, n], &format!("{name}.mul"));
+        let r = self.n(Op::Sub, &[a, &qn], &format!("{name}.rem"));
+        let z = self.i(&format!("{name}.zero"), 0);
+        let neg = self.n(Op::Less, &[&r, &z], &format!("{name}.neg"));
+        let rn = self.n(Op::Add, &[&r, n], &format!("{name}.wrapped"));
+        self.n(Op::Where, &[&neg, &rn, &r], name)
+    }
+
     /// Masks for a buffer of `len` entries read by layers with `window` (None = full attention), `g` query
     /// heads per KV head (trunk masks are tiled G times so they add to [G*S, T] scores without broadcasting
     /// a 5-D tensor).
@@ -225,7 +237,18 @@ impl Ctx<'_> {
                 &[&cp],
                 &format!("mask.{tag}.p"),
             );
-            let slot = self.n(Op::Mod, &[&p, &blen], &format!("kv.{tag}.slot"));
+            let slot = self.imod(&p, &blen, &format!("kv.{tag}.slot"));
+            // The ring write is a select, not a ScatterND: Where(entry == slot, new row, past) broadcasts the
+            // row over the buffer. QNN's HTP backend fails to finalize ScatterND on int16 KV (measured with
+            // onnxruntime-qnn 2.7 / QNN 2.51, issue 8), and Where is what the trunk's ring write uses already.
+            let is_slot = self.n(Op::Equal, &[&iota, &slot], &format!("kv.{tag}.is_slot"));
+            let slot = self.n(
+                Op::Reshape {
+                    shape: vec![1, 1, len as i64, 1],
+                },
+                &[&is_slot],
+                &format!("kv.{tag}.is_slot4"),
+            );
             let future = self.n(Op::Greater, &[&iota, &p], &format!("mask.{tag}.unwritten"));
             let mut mask = self.n(
                 Op::Where,
@@ -283,7 +306,7 @@ impl Ctx<'_> {
                 &[&prev, &iota],
                 &format!("mask.{tag}.prev_minus_slot"),
             );
-            let age = self.n(Op::Mod, &[&d, &blen], &format!("mask.{tag}.past_age"));
+            let age = self.imod(&d, &blen, &format!("mask.{tag}.past_age"));
             let ppos = self.n(Op::Sub, &[&prev, &age], &format!("mask.{tag}.past_pos"));
             let pinv = self.n(
                 Op::Less,
@@ -365,7 +388,7 @@ impl Ctx<'_> {
                 &[&last, &iota],
                 &format!("kv.{tag}.last_minus_slot"),
             );
-            let age2 = self.n(Op::Mod, &[&d2, &blen], &format!("kv.{tag}.age"));
+            let age2 = self.imod(&d2, &blen, &format!("kv.{tag}.age"));
             let npos = self.n(Op::Sub, &[&last, &age2], &format!("kv.{tag}.new_pos"));
             let j = self.n(Op::Sub, &[&npos, &p0], &format!("kv.{tag}.chunk_j"));
             let has = self.n(Op::Less, &[&j, &zero_i], &format!("kv.{tag}.keeps_past"));
@@ -678,37 +701,10 @@ pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
                 let nv = c.n(Op::Where, &[&wh, &pv, &gv], &present_value(i));
                 (ak, av, nk, nv)
             } else {
-                // ScatterND the new row at slot for every KV head: indices [(0, h, slot)]_h.
+                // Write the new row at the slot for every KV head: a select over the buffer.
                 let slot = m.slot.clone().unwrap();
-                let hb = c.b.const_i64(
-                    &format!("{p}.kv.head_idx"),
-                    &[hkv, 2],
-                    (0..hkv as i64).flat_map(|h| [0, h]).collect(),
-                );
-                let z =
-                    c.b.const_i64(&format!("{p}.kv.zeros"), &[hkv, 1], vec![0; hkv]);
-                let sl = c.n(Op::Add, &[&z, &slot], &format!("{p}.kv.slot_col"));
-                let idx = c.n(
-                    Op::Concat { axis: 1 },
-                    &[&hb, &sl],
-                    &format!("{p}.kv.scatter_idx"),
-                );
-                let ku = c.n(
-                    Op::Reshape {
-                        shape: vec![hkv as i64, d as i64],
-                    },
-                    &[&k],
-                    &format!("{p}.kv.k_row"),
-                );
-                let vu = c.n(
-                    Op::Reshape {
-                        shape: vec![hkv as i64, d as i64],
-                    },
-                    &[&vv],
-                    &format!("{p}.kv.v_row"),
-                );
-                let nk = c.n(Op::ScatterND, &[&pk, &idx, &ku], &present_key(i));
-                let nv = c.n(Op::ScatterND, &[&pv, &idx, &vu], &present_value(i));
+                let nk = c.n(Op::Where, &[&slot, &k, &pk], &present_key(i));
+                let nv = c.n(Op::Where, &[&slot, &vv, &pv], &present_value(i));
                 (nk.clone(), nv.clone(), nk, nv)
             };
             c.b.output(
