@@ -758,6 +758,14 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
         std::fs::copy(&rep, k).unwrap();
     }
     let (p, a) = (&r["params"], &r["activations"]);
+    // hexq's one deliberate difference: the KV write's inputs share present_*'s encoding (HTP's select needs
+    // it; AIMET does not tie Where) — past_key, past_value, the new K row (k_rope.out) and V row (v_norm.normed,
+    // and its v_t view) of the 5 KV-owning layers.
+    assert_eq!(
+        r["kv_write_tied_not_compared"].as_array().unwrap().len(),
+        25,
+        "{r}"
+    );
     eprintln!("params {p}\nactivations {a}");
     assert_eq!(r["bitwidth_mismatch"], serde_json::json!([]), "{r}");
     assert_eq!(r["aimet_only"], serde_json::json!([]), "{r}");
@@ -770,7 +778,7 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
     // two engines' forward-pass arithmetic (onnxruntime vs candle, f32 sums, weight rounding at ties),
     // which at 16 bits (1 LSB = 1.5e-5 of the range) moves min/max by a few LSB — and by up to 0.6 % of
     // the range on the RMSNorm `inv_rms` tensors of the random fixture, where 1/sqrt amplifies it.
-    assert!(a["compared"].as_u64().unwrap() >= 900, "{a}");
+    assert!(a["compared"].as_u64().unwrap() >= 900 - 20, "{a}");
     assert_eq!(a["symmetric_mismatch"], serde_json::json!([]), "{a}");
     // The KV buffers written this call (present_*, read by the score/value MatMuls): 5 owners × K, V.
     assert!(a["symmetric_both"].as_u64().unwrap() >= 10, "{a}");

@@ -364,7 +364,7 @@ fn grid_source(g: &Graph, name: &str) -> Option<String> {
 }
 
 /// aimet-onnx 2.x's encoding ties (`_propagate_output_encodings`): walking ops in reverse order, each
-/// Concat/ScatterND claims the effective source of every float activation input that nothing else reads
+/// Concat/ScatterND (and the KV-write Where) claims the effective source of every float activation input that nothing else reads
 /// (looking through grid-preserving producers, and recursively through tied producers) into its output's
 /// group. Returns member → group output.
 pub fn tie_groups(g: &Graph) -> BTreeMap<String, String> {
@@ -381,11 +381,17 @@ pub fn tie_groups(g: &Graph) -> BTreeMap<String, String> {
         .enumerate()
         .map(|(k, n)| (n.outputs[0].as_str(), k))
         .collect();
-    let tie = |op: &Op| matches!(op, Op::Concat { .. } | Op::ScatterND);
+    // Plus the KV write `present = Where(is_slot, new_row, past)`: HTP's select needs its value inputs and
+    // output on one encoding (mismatched ones fail graph finalization, measured with onnxruntime-qnn 2.7),
+    // which aimet-onnx does not tie by default.
+    let tie = |n: &hexq_model::graph::ir::Node| {
+        matches!(n.op, Op::Concat { .. } | Op::ScatterND)
+            || (n.op == Op::Where && n.outputs[0].starts_with("present_"))
+    };
     let mut out: BTreeMap<String, String> = BTreeMap::new();
     let mut visited: HashSet<usize> = HashSet::new();
     for (k, n) in g.nodes.iter().enumerate().rev() {
-        if !tie(&n.op) || visited.contains(&k) || !g.types[&n.outputs[0]].dtype.is_float() {
+        if !tie(n) || visited.contains(&k) || !g.types[&n.outputs[0]].dtype.is_float() {
             continue;
         }
         let root = n.outputs[0].clone();
@@ -420,7 +426,7 @@ pub fn tie_groups(g: &Graph) -> BTreeMap<String, String> {
                     out.entry(t.clone()).or_insert_with(|| root.clone());
                 }
                 if let Some(&p) = producer.get(inp.as_str()) {
-                    if tie(&g.nodes[p].op) {
+                    if tie(&g.nodes[p]) {
                         stack.push(p);
                     }
                 }
@@ -542,6 +548,8 @@ pub fn encode(
         "graph": graph.name, "graph_sha256": stats.graph_sha256, "model_sha256": stats.model_sha256,
         "dataset_sha256": stats.dataset_sha256, "weights": "int8 symmetric per output channel (axis = output of the [in, out] MatMul weight)",
         "overrides": ov.rules,
+        // Shared encodings (member → group output), e.g. the KV write's past/new-row/present for HTP.
+        "tie_groups": ties.iter().filter(|(m, r)| m != r).map(|(m, r)| (m.clone(), serde_json::Value::String(r.clone()))).collect::<serde_json::Map<_, _>>(),
     });
     Ok(enc)
 }
