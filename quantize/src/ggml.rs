@@ -95,24 +95,30 @@ pub fn quantize_q4_0(x: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
     }
     check_finite(x)?;
     for b in x.chunks(QK) {
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in b {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        // ggml keeps the first element of largest magnitude: a max over |v|, then the first v reaching it
+        // (same result, but the max vectorizes).
+        let amax = b.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let max = b.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-        for j in 0..QK / 2 {
-            let x0 = b[j] * id;
-            let x1 = b[QK / 2 + j] * id;
-            // C: (int8_t)(x + 8.5f) truncates toward zero; x·id ∈ [-8, 8].
-            let xi0 = c_i8(x0 + 8.5).min(15) as u8;
-            let xi1 = c_i8(x1 + 8.5).min(15) as u8;
-            out.push(xi0 | ((xi1 as u32) << 4) as u8);
+        let mut qs = [0u8; QK / 2];
+        if id.is_finite() {
+            // x·id ∈ [-8, 8], so x·id + 8.5 ∈ [0.5, 16.5]: C's truncation is a plain cast here (vectorizes).
+            for j in 0..QK / 2 {
+                let xi0 = ((b[j] * id + 8.5) as i32).min(15) as u8;
+                let xi1 = ((b[QK / 2 + j] * id + 8.5) as i32).min(15) as u8;
+                qs[j] = xi0 | (xi1 << 4);
+            }
+        } else {
+            // 1/d overflowed (a block of subnormals): C's float → int8_t on x86-64, see `c_i8`.
+            for j in 0..QK / 2 {
+                let xi0 = c_i8(b[j] * id + 8.5).min(15) as u8;
+                let xi1 = c_i8(b[QK / 2 + j] * id + 8.5).min(15) as u8;
+                qs[j] = xi0 | ((xi1 as u32) << 4) as u8;
+            }
         }
+        out.extend_from_slice(&qs);
     }
     Ok(())
 }
@@ -186,7 +192,6 @@ pub fn encode_into(t: GgmlType, x: &[f32], row: usize, out: &mut Vec<u8>) -> Res
             if row % QK != 0 {
                 return Err(format!("row length {row} is not a multiple of {QK}"));
             }
-            check_finite(x)?;
             out.resize(t.bytes(x.len()), 0);
             let bs = t.bytes(QK);
             // 256 blocks per task.
