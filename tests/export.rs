@@ -2,35 +2,13 @@
 //! against the transformers goldens (tests/judges/ort_graphs.py).
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
-}
-
-fn hexq(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_hexq"))
-        .current_dir(root())
-        .args(args)
-        .output()
-        .unwrap()
-}
+mod common;
+use common::{calibrate_quantize, hexq, judge, root};
 
 fn judges_available() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import onnx, onnxruntime, safetensors"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        assert!(
-            std::env::var("HEXQ_REQUIRE_JUDGES").is_err(),
-            "onnx/onnxruntime required but not importable"
-        );
-        eprintln!("SKIP: python onnx/onnxruntime not importable");
-    }
-    ok
+    judge("onnx, onnxruntime, safetensors")
 }
 
 #[test]
@@ -158,44 +136,6 @@ fn export_is_deterministic_atomic_and_refuses_to_overwrite() {
         .contains(".tmp-")));
 }
 
-/// Calibrate + quantize the tiny model (context 128) into `dir`; returns (encodings, int8-KV encodings).
-fn encodings(dir: &Path) -> (PathBuf, PathBuf) {
-    let st = dir.join("stats.json");
-    let m = "tests/fixtures/tiny-gemma4";
-    let o = hexq(&[
-        "calibrate",
-        "--model",
-        m,
-        "--limit",
-        "16",
-        "--context",
-        "128",
-        "--seq",
-        "16",
-        "--decode-tokens",
-        "4",
-        "--out",
-        st.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let (e, e8) = (dir.join("enc.json"), dir.join("enc8.json"));
-    for (p, extra) in [(&e, None), (&e8, Some("--int8-kv"))] {
-        let mut a = vec![
-            "quantize",
-            "--model",
-            m,
-            "--stats",
-            st.to_str().unwrap(),
-            "--out",
-            p.to_str().unwrap(),
-        ];
-        a.extend(extra);
-        let o = hexq(&a);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    }
-    (e, e8)
-}
-
 #[test]
 fn qdq_export_in_onnxruntime_matches_hexq_quantsim() {
     if !judges_available() {
@@ -204,7 +144,7 @@ fn qdq_export_in_onnxruntime_matches_hexq_quantsim() {
     use hexq_model::graph::{GraphOptions, Variant};
     use std::sync::Arc;
     let t = tempfile::tempdir().unwrap();
-    let (enc_path, enc8_path) = encodings(t.path());
+    let (_, enc_path, enc8_path) = calibrate_quantize(t.path(), 16, 128, 4);
     let dir = root().join("tests/fixtures/tiny-gemma4");
     let ck = Arc::new(hexq_model::Checkpoint::open(&dir).unwrap());
     let tok = hexq_model::chat::Tokenizer::from_dir(&dir).unwrap();
@@ -541,7 +481,7 @@ fn artifacts_manifest_host_model_and_determinism() {
 #[test]
 fn bad_encodings_and_disk_errors_fail_cleanly() {
     let t = tempfile::tempdir().unwrap();
-    let (enc, _) = encodings_small(t.path());
+    let (_, enc, _) = calibrate_quantize(t.path(), 4, 64, 2);
     let e: Value = serde_json::from_slice(&std::fs::read(&enc).unwrap()).unwrap();
     let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, &str)> = vec![
         (
@@ -640,94 +580,25 @@ fn bad_encodings_and_disk_errors_fail_cleanly() {
     assert!(!out.exists());
 }
 
-/// Encodings for context 64 (cheap: 4 prompts).
-fn encodings_small(dir: &Path) -> (PathBuf, PathBuf) {
-    let st = dir.join("stats64.json");
-    let m = "tests/fixtures/tiny-gemma4";
-    let o = hexq(&[
-        "calibrate",
-        "--model",
-        m,
-        "--limit",
-        "4",
-        "--context",
-        "64",
-        "--decode-tokens",
-        "2",
-        "--out",
-        st.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let e = dir.join("enc64.json");
-    let o = hexq(&[
-        "quantize",
-        "--model",
-        m,
-        "--stats",
-        st.to_str().unwrap(),
-        "--out",
-        e.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    (e, st)
-}
-
 #[test]
 fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
     // Judge: aimet-onnx 2.42 (PyPI; .ci/run installs it). Elsewhere a missing aimet skips with the reason.
-    let probe = Command::new("python3")
-        .args(["-c", "import aimet_onnx"])
-        .output();
-    if !matches!(&probe, Ok(o) if o.status.success()) {
-        let why = probe
-            .map(|o| {
-                String::from_utf8_lossy(&o.stderr)
-                    .lines()
-                    .last()
-                    .unwrap_or("")
-                    .to_string()
-            })
-            .unwrap_or_else(|e| e.to_string());
-        assert!(
-            std::env::var("HEXQ_REQUIRE_JUDGES").is_err(),
-            "aimet-onnx required but not importable: {why}"
-        );
-        eprintln!("SKIP: aimet-onnx not importable: {why}");
+    if !judge("aimet_onnx") {
         return;
     }
     let t = tempfile::tempdir().unwrap();
     let m = "tests/fixtures/tiny-gemma4";
-    let (st, enc, exp) = (
-        t.path().join("st.json"),
-        t.path().join("enc.json"),
-        t.path().join("exp"),
-    );
+    let exp = t.path().join("exp");
     // Prompt tokens only (no greedy continuation), so both sides see exactly the same token sequences.
-    let o = hexq(&[
-        "calibrate",
-        "--model",
-        m,
-        "--limit",
-        "6",
+    let (_, enc, _) = calibrate_quantize(t.path(), 6, 128, 0);
+    export_ok(&[
         "--context",
         "128",
-        "--decode-tokens",
-        "0",
+        "--seq",
+        "16",
         "--out",
-        st.to_str().unwrap(),
+        exp.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = hexq(&[
-        "quantize",
-        "--model",
-        m,
-        "--stats",
-        st.to_str().unwrap(),
-        "--out",
-        enc.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    export_ok(&["--context", "128", "--out", exp.to_str().unwrap()]);
     let tok = hexq_model::chat::Tokenizer::from_dir(&root().join(m)).unwrap();
     let recs = hexq_calibrate::load_dataset(&root().join("datasets/calibration.jsonl")).unwrap();
     let seqs: Vec<Vec<u32>> = recs[..6]

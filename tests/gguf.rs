@@ -8,32 +8,11 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
-}
-
-fn hexq(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_hexq"))
-        .current_dir(root())
-        .args(args)
-        .output()
-        .unwrap()
-}
+mod common;
+use common::{hexq, judge, root};
 
 fn gguf_py() -> bool {
-    let ok = Command::new("python3")
-        .args(["-c", "import gguf"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        assert!(
-            std::env::var("HEXQ_REQUIRE_JUDGES").is_err(),
-            "gguf (gguf-py) required but not importable"
-        );
-        eprintln!("SKIP: python gguf not importable");
-    }
-    ok
+    judge("gguf")
 }
 
 fn dump(p: &Path) -> Value {

@@ -4,6 +4,8 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
 }
@@ -332,24 +334,7 @@ fn collapsed_quantsim_is_reported() {
 fn encodings_match_aimet_within_one_lsb() {
     // Judge: aimet-onnx 2.42 (PyPI). .ci/run installs it and sets HEXQ_REQUIRE_JUDGES=1; elsewhere a
     // missing aimet skips with the reason printed.
-    let probe = Command::new("python3")
-        .args(["-c", "import aimet_onnx"])
-        .output();
-    if !matches!(&probe, Ok(o) if o.status.success()) {
-        let why = probe
-            .map(|o| {
-                String::from_utf8_lossy(&o.stderr)
-                    .lines()
-                    .last()
-                    .unwrap_or("")
-                    .to_string()
-            })
-            .unwrap_or_else(|e| e.to_string());
-        assert!(
-            std::env::var("HEXQ_REQUIRE_JUDGES").is_err(),
-            "aimet-onnx required but not importable: {why}"
-        );
-        eprintln!("SKIP encodings_match_aimet_within_one_lsb: aimet-onnx not importable: {why}");
+    if !common::judge("aimet_onnx") {
         return;
     }
     use hexq_calibrate::{calibrate_with, Options, RangeObserver};

@@ -161,6 +161,15 @@ pub struct FileEntry {
     pub sha256: String,
 }
 
+/// SHA256 of each file, in parallel (the manifest re-reads every output; one core would dominate an export).
+fn sha256_par(files: &[std::path::PathBuf]) -> Result<Vec<String>> {
+    use rayon::prelude::*;
+    files
+        .par_iter()
+        .map(|f| hexq_model::fsutil::sha256_file(f))
+        .collect()
+}
+
 /// Every regular file under `dir` (relative paths, sorted), hashed; `skip` names are left out.
 pub fn hash_tree(dir: &Path, skip: &[&str]) -> Result<Vec<FileEntry>> {
     fn walk(base: &Path, d: &Path, out: &mut Vec<std::path::PathBuf>) -> Result<()> {
@@ -177,37 +186,38 @@ pub fn hash_tree(dir: &Path, skip: &[&str]) -> Result<Vec<FileEntry>> {
     let mut ps = Vec::new();
     walk(dir, dir, &mut ps)?;
     ps.sort();
-    let mut out = Vec::new();
-    for p in ps {
-        let s = p.to_string_lossy().to_string();
-        if skip.contains(&s.as_str()) {
-            continue;
-        }
-        let full = dir.join(&p);
-        out.push(FileEntry {
-            bytes: std::fs::metadata(&full)
-                .map_err(|e| Error::io(&full, e))?
-                .len(),
-            sha256: hexq_model::fsutil::sha256_file(&full)?,
-            path: s,
-        });
-    }
-    Ok(out)
+    ps.retain(|p| !skip.contains(&p.to_string_lossy().as_ref()));
+    let full: Vec<_> = ps.iter().map(|p| dir.join(p)).collect();
+    let hashes = sha256_par(&full)?;
+    ps.iter()
+        .zip(full.iter().zip(hashes))
+        .map(|(p, (f, sha256))| {
+            Ok(FileEntry {
+                path: p.to_string_lossy().to_string(),
+                bytes: std::fs::metadata(f).map_err(|e| Error::io(f, e))?.len(),
+                sha256,
+            })
+        })
+        .collect()
 }
 
 /// Source checkpoint identity: SHA256 of config.json and of each safetensors file.
 pub fn source_hashes(ck: &Checkpoint) -> Result<serde_json::Value> {
-    let mut m = serde_json::Map::new();
-    let cfg = ck.dir.join("config.json");
-    m.insert(
-        "config.json".into(),
-        hexq_model::fsutil::sha256_file(&cfg)?.into(),
-    );
-    for f in &ck.store.files {
-        let n = f.file_name().unwrap().to_string_lossy().to_string();
-        m.insert(n, hexq_model::fsutil::sha256_file(f)?.into());
-    }
-    Ok(serde_json::Value::Object(m))
+    let mut files = vec![ck.dir.join("config.json")];
+    files.extend(ck.store.files.iter().cloned());
+    let hashes = sha256_par(&files)?;
+    Ok(serde_json::Value::Object(
+        files
+            .iter()
+            .zip(hashes)
+            .map(|(f, h)| {
+                (
+                    f.file_name().unwrap().to_string_lossy().to_string(),
+                    h.into(),
+                )
+            })
+            .collect(),
+    ))
 }
 
 /// A cheap source identity: config.json's SHA256, and per safetensors file its size and the SHA256 of its
