@@ -16,7 +16,8 @@ devs = [d for d in ort.get_ep_devices() if d.ep_name == oq.EP_NAME]
 so = ort.SessionOptions(); so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
 so.add_provider_for_devices(devs[:1], {"backend_path": oq.get_qnn_htp_path(), "htp_arch": arch})
 t0 = time.time(); htp = ort.InferenceSession(ctx, so); t_load = time.time() - t0
-cpu = ort.InferenceSession(qdq, providers=["CPUExecutionProvider"])
+cso = ort.SessionOptions(); cso.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # QDQ fusions change the arithmetic
+cpu = ort.InferenceSession(qdq, cso, providers=["CPUExecutionProvider"])
 cfg, host = load_host(hostdir); E, esc = host['embed_tokens.weight']; P, psc = host['embed_tokens_per_layer.weight']
 L, Pd = cfg['num_hidden_layers'], cfg['hidden_size_per_layer_input']
 def loop(s):

@@ -137,7 +137,10 @@ impl Ctx<'_> {
         let eps = self.f(&format!("{p}.eps"), self.cfg.rms_norm_eps as f32);
         let a = self.n(Op::Add, &[&ms, &eps], &format!("{p}.ms_eps"));
         let r = self.n(Op::Sqrt, &[&a], &format!("{p}.rms"));
-        let inv = self.n(Op::Reciprocal, &[&r], &format!("{p}.inv_rms"));
+        // 1/rms as Div(1, rms): QNN HTP's 16-bit Reciprocal returns max(rms)/rms (off by the input's range;
+        // measured on the simulator, compile-scripts/README.md), its Div is exact to a step.
+        let one = self.f(&format!("{p}.one"), 1.0);
+        let inv = self.n(Op::Div, &[&one, &r], &format!("{p}.inv_rms"));
         let y = self.n(Op::Mul, &[x, &inv], &format!("{p}.normed"));
         match w {
             Some((wn, d)) => {
