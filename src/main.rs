@@ -1,6 +1,7 @@
 //! `hexq` — the command line over the pipeline crates (model, calibrate, quantize, export, runtime).
 
 mod bundled;
+mod compile;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -220,6 +221,30 @@ enum Cmd {
         #[arg(long)]
         plot: Option<PathBuf>,
     },
+    /// Compile an export to a QNN HTP context binary for a target: `<variant>_<target>.bin` + its EPContext
+    /// `.onnx` in the export dir, recorded in manifest.json and SHA256SUMS; the embedded SoC/arch is checked.
+    Compile {
+        /// A `hexq export` directory (QDQ for ort-qnn; float + encodings for qairt).
+        #[arg(long)]
+        artifacts: PathBuf,
+        /// v79 (SM8750), v81 (SM8850), v75 (SM8650): compile-scripts/htp_targets.json.
+        #[arg(long)]
+        target: String,
+        /// ort-qnn: onnxruntime-qnn's QNN HTP backend (PyPI); qairt: the QAIRT SDK at $QAIRT_DIR.
+        #[arg(long, default_value = "ort-qnn", value_parser = ["ort-qnn", "qairt"])]
+        toolchain: String,
+        /// Write (qairt) or print (ort-qnn) what would run, without running it.
+        #[arg(long)]
+        dry_run: bool,
+        /// qairt: decode steps of raw calibration inputs for --input_list.
+        #[arg(long, default_value_t = 8)]
+        calib_steps: usize,
+        /// Replace an existing binary for the target.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a random-weight bf16 checkpoint with the real names and shapes of a config (streamed).
     Synth {
         /// A Gemma-4 config.json (e.g. ../shared/docs/e2b-config-inferred.json).
@@ -267,6 +292,9 @@ struct RunArgs {
     /// ort/llama backends: threads (0 = the runtime's default).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// qnn backend: the HTP target whose compiled binary runs (v79, v81, v75).
+    #[arg(long, default_value = "v79")]
+    target: String,
     /// llama backend: the GGUF to run (llama.cpp from $LLAMA_CPP_BUILD); tokenizer and chat template from --model.
     #[arg(long)]
     gguf: Option<PathBuf>,
@@ -284,6 +312,8 @@ enum BackendKind {
     Ort,
     /// A GGUF in llama.cpp (--gguf; LLAMA_CPP_BUILD = its build directory).
     Llama,
+    /// The compiled context binary on QNN HTP (--artifacts, --target; the HTP simulator on x86-64).
+    Qnn,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq)]
@@ -418,7 +448,35 @@ fn inspect(model: Option<PathBuf>, tensors: bool, as_json: bool) -> Result<()> {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// Points fd 1 at stderr while alive: the QNN HTP simulator library prints a banner on stdout through C
+/// stdio, which would corrupt `--json`; on drop C's buffers are flushed (to stderr) and fd 1 restored.
+struct StdoutToStderr(i32);
+impl StdoutToStderr {
+    fn new() -> Self {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        unsafe {
+            let saved = libc::dup(1);
+            libc::dup2(2, 1);
+            StdoutToStderr(saved)
+        }
+    }
+}
+impl Drop for StdoutToStderr {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        unsafe {
+            libc::fflush(std::ptr::null_mut());
+            libc::dup2(self.0, 1);
+            libc::close(self.0);
+        }
+    }
+}
+
 fn run(a: RunArgs) -> Result<()> {
+    use hexq_runtime::ort::Ep;
+    let quiet = matches!(a.backend, BackendKind::Qnn).then(StdoutToStderr::new);
     let (mut b, tok): (Box<dyn hexq_runtime::Backend>, Tokenizer) = match a.backend {
         BackendKind::Cpu | BackendKind::Graph => {
             let dir = model_dir(a.model)?;
@@ -445,7 +503,21 @@ fn run(a: RunArgs) -> Result<()> {
             if a.artifacts.is_empty() {
                 anyhow::bail!("--backend ort needs --artifacts DIR (a `hexq export` output)");
             }
-            let b = hexq_runtime::ort::OrtBackend::open(&a.artifacts, a.threads)?;
+            let b = hexq_runtime::ort::OrtBackend::open(&a.artifacts, a.threads, Ep::Cpu)?;
+            let tok = Tokenizer::from_dir(&b.host.dir)?;
+            (Box::new(b), tok)
+        }
+        BackendKind::Qnn => {
+            if a.artifacts.is_empty() {
+                anyhow::bail!("--backend qnn needs --artifacts DIR (a `hexq export --qdq` output compiled by `hexq compile`)");
+            }
+            let b = hexq_runtime::ort::OrtBackend::open(
+                &a.artifacts,
+                a.threads,
+                Ep::Qnn {
+                    target: a.target.clone(),
+                },
+            )?;
             let tok = Tokenizer::from_dir(&b.host.dir)?;
             (Box::new(b), tok)
         }
@@ -469,6 +541,8 @@ fn run(a: RunArgs) -> Result<()> {
     }
     msgs.push(Message::user(&prompt));
     let g = hexq_runtime::generate(b.as_mut(), &tok, &msgs, max_tokens)?;
+    drop(b);
+    drop(quiet);
     if as_json {
         println!("{}", serde_json::to_string_pretty(&g)?);
     } else {
@@ -817,6 +891,7 @@ fn pipeline(
         seq: 128,
         artifacts: vec![],
         threads: 0,
+        target: "v79".into(),
         gguf: None,
         json: false,
     })?;
@@ -830,6 +905,7 @@ fn pipeline(
         seq: 128,
         artifacts: vec![],
         threads: 0,
+        target: "v79".into(),
         gguf: None,
         json: false,
     })?;
@@ -927,6 +1003,7 @@ fn pipeline(
         seq: 128,
         artifacts: vec![out.join("decode_wgqa.qdq")],
         threads: 0,
+        target: "v79".into(),
         gguf: None,
         json: false,
     })?;
@@ -1316,6 +1393,23 @@ fn main() {
             force,
             json,
         } => synth(config, out, seed, shard_bytes, force, json),
+        Cmd::Compile {
+            artifacts,
+            target,
+            toolchain,
+            dry_run,
+            calib_steps,
+            force,
+            json,
+        } => compile::compile(compile::Args {
+            dir: artifacts,
+            target,
+            toolchain,
+            dry_run,
+            force,
+            json,
+            calib_steps,
+        }),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -345,7 +345,8 @@ fn ort_backend_matches_the_interpreter_through_ring_wraps_and_trunk_chunks() {
         } else {
             vec![d.clone()]
         };
-        let mut o = hexq_runtime::ort::OrtBackend::open(&dirs, 1).unwrap();
+        let mut o =
+            hexq_runtime::ort::OrtBackend::open(&dirs, 1, hexq_runtime::ort::Ep::Cpu).unwrap();
         let mut g =
             hexq_runtime::graph::GraphBackend::for_model(&ck, Variant::DecodeWgqa, with_trunk, &go)
                 .unwrap();

@@ -3,7 +3,8 @@
 //! token ids at the next positions into next-token logits; everything else is here, shared.
 //!
 //! Backends: `cpu` (the reference forward), `graph` (IR interpreter), `ort` (exported ONNX in onnxruntime,
-//! host side from host-model/); `qnn` and `llama` follow.
+//! host side from host-model/), `qnn` (the compiled context binary on QNN HTP through onnxruntime-qnn;
+//! the simulator on x86-64), `llama` (a GGUF in llama.cpp).
 
 pub mod graph;
 pub mod host;
@@ -24,6 +25,10 @@ pub trait Backend {
     fn reset(&mut self);
     /// Run `ids` at the next positions; return the logits (after softcap) of the last one.
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>>;
+    /// Counters a run reports (sessions/contexts created, buffers allocated, steps).
+    fn stats(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// The f32 reference forward with its KV cache.
@@ -67,6 +72,8 @@ pub struct Generation {
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
     pub decode_tokens_per_second: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats: Option<serde_json::Value>,
 }
 
 /// Greedy generation from already-templated prompt ids.
@@ -127,5 +134,6 @@ pub fn generate(
         } else {
             0.0
         },
+        stats: b.stats(),
     })
 }

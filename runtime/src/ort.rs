@@ -1,7 +1,12 @@
-//! Backend `ort`: exported ONNX graphs run by onnxruntime (the `ort` crate, C API loaded at run time from
-//! the PyPI wheel's libonnxruntime.so), driven by the same host loop as the interpreter: host-model/
-//! lookups in, `hidden_states` out, `present_*` values handed straight back as `past_*` (no copy through
-//! host vectors), prompts through `trunk` in SEQ-token chunks when a trunk export is given.
+//! Backends `ort` and `qnn`: exported ONNX graphs run by onnxruntime (the `ort` crate, C API loaded at run
+//! time from the PyPI wheel's libonnxruntime.so), driven by the same host loop as the interpreter: host-model/
+//! lookups in, `hidden_states` out. `qnn` is the same loop over the compiled EPContext graph with the QNN
+//! execution provider (onnxruntime-qnn's plugin library; QNN HTP backend, the simulator on x86-64): the context
+//! binary is loaded once per backend, every node on HTP (CPU fallback disabled).
+//!
+//! KV stays resident: each `past_*`/`present_*` pair is two buffers allocated once and bound with IoBinding,
+//! ping-ponged between steps (step t reads A and writes B, step t+1 reads B and writes A) — no per-step
+//! allocation and no copy through host vectors. Prompts go through `trunk` in SEQ-token chunks when one is given.
 
 use crate::host::HostFiles;
 use crate::{Backend, Result};
@@ -51,6 +56,82 @@ pub fn init() -> Result<&'static ort::environment::Environment> {
     .map_err(|e| Error::Msg(e.clone()))
 }
 
+/// Where a graph runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ep {
+    Cpu,
+    /// QNN HTP through onnxruntime-qnn; the target (v75, v79, v81) picks the compiled binary.
+    Qnn {
+        target: String,
+    },
+}
+
+/// onnxruntime-qnn's files: the plugin EP library and the QNN HTP backend.
+pub struct QnnLibs {
+    pub ep_name: String,
+    pub ep_lib: PathBuf,
+    pub htp: PathBuf,
+}
+
+/// `$HEXQ_QNN_EP_LIB` + `$HEXQ_QNN_BACKEND` (e.g. a device's libQnnHtp.so), else the `onnxruntime_qnn` wheel.
+pub fn find_qnn() -> Result<QnnLibs> {
+    if let (Ok(l), Ok(b)) = (
+        std::env::var("HEXQ_QNN_EP_LIB"),
+        std::env::var("HEXQ_QNN_BACKEND"),
+    ) {
+        return Ok(QnnLibs {
+            ep_name: "QNNExecutionProvider".into(),
+            ep_lib: l.into(),
+            htp: b.into(),
+        });
+    }
+    let o = std::process::Command::new("python3")
+        .args(["-c", "import onnxruntime_qnn as q; print(q.EP_NAME); print(q.get_library_path()); print(q.get_qnn_htp_path())"])
+        .output()
+        .map_err(|e| Error::Msg(format!("looking for onnxruntime-qnn with python3: {e}")))?;
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let l: Vec<&str> = out.lines().collect();
+    if !o.status.success() || l.len() != 3 {
+        return Err(Error::Msg(format!(
+            "QNN HTP backend not found: `pip install onnxruntime-qnn` (or set HEXQ_QNN_EP_LIB and HEXQ_QNN_BACKEND) ({})",
+            String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
+        )));
+    }
+    Ok(QnnLibs {
+        ep_name: l[0].into(),
+        ep_lib: l[1].into(),
+        htp: l[2].into(),
+    })
+}
+
+/// Register the QNN plugin EP with the process's environment once.
+fn qnn() -> Result<&'static QnnLibs> {
+    static Q: std::sync::OnceLock<std::result::Result<QnnLibs, String>> =
+        std::sync::OnceLock::new();
+    Q.get_or_init(|| {
+        let env = init().map_err(|e| e.to_string())?;
+        let q = find_qnn().map_err(|e| e.to_string())?;
+        env.register_ep_library(q.ep_name.clone(), &q.ep_lib)
+            .map_err(|e| format!("registering {}: {e}", q.ep_lib.display()))?;
+        Ok(q)
+    })
+    .as_ref()
+    .map_err(|e| Error::Msg(e.clone()))
+}
+
+/// The HTP arch number of a target name ("v79" → 79).
+pub fn htp_arch(target: &str) -> Result<u32> {
+    target
+        .strip_prefix('v')
+        .and_then(|n| n.parse().ok())
+        .filter(|n| [73, 75, 79, 81].contains(n))
+        .ok_or_else(|| {
+            Error::Msg(format!(
+                "unknown HTP target {target:?} (v73, v75, v79, v81)"
+            ))
+        })
+}
+
 pub struct Graph {
     pub session: Session,
     pub name: String,
@@ -59,13 +140,46 @@ pub struct Graph {
 }
 
 impl Graph {
-    pub fn load(onnx: &Path, threads: usize) -> Result<Self> {
+    /// `optimize`: onnxruntime's graph rewrites; off for QDQ graphs, whose fused QDQ kernels change the
+    /// arithmetic (measured: one MatMul 86 int16 steps from DequantizeLinear→MatMul→QuantizeLinear).
+    pub fn load(onnx: &Path, threads: usize, ep: &Ep, optimize: bool) -> Result<Self> {
         let env = init()?;
         let mut b = Session::builder(env).map_err(|e| oe("session builder", e))?;
         if threads > 0 {
             b = b
                 .with_intra_threads(threads)
                 .map_err(|e| oe("threads", e))?;
+        }
+        if !optimize {
+            b = b
+                .with_optimization_level(ort::session::builder::GraphOptimizationLevel::Disable)
+                .map_err(|e| oe("optimization level", e))?;
+        }
+        if let Ep::Qnn { target } = ep {
+            let q = qnn()?;
+            let arch = htp_arch(target)?.to_string();
+            let devs: Vec<_> = env
+                .devices()
+                .filter(|d| d.ep().map(|n| n == q.ep_name).unwrap_or(false))
+                .take(1)
+                .collect();
+            if devs.is_empty() {
+                return Err(Error::Msg(format!(
+                    "no {} device after registering {}",
+                    q.ep_name,
+                    q.ep_lib.display()
+                )));
+            }
+            let p = |k: &str| format!("{}.{k}", q.ep_name);
+            let opts = vec![
+                (p("backend_path"), q.htp.to_string_lossy().to_string()),
+                (p("htp_arch"), arch),
+            ];
+            b = b
+                .with_config_entry("session.disable_cpu_ep_fallback", "1")
+                .map_err(|e| oe("config", e))?
+                .with_devices(devs, Some(&opts))
+                .map_err(|e| oe("QNN execution provider", e))?;
         }
         let session = b
             .commit_from_file(onnx)
@@ -91,24 +205,42 @@ impl Graph {
     }
 }
 
+/// One KV tensor's two resident buffers; `cur` is the one the next step reads.
+struct KvPair {
+    bufs: [Tensor<f32>; 2],
+    cur: usize,
+}
+
 pub struct OrtBackend {
     pub host: HostFiles,
     pub decode: Graph,
     pub trunk: Option<Graph>,
-    kv: HashMap<String, DynValue>,
+    pub ep: Ep,
+    kv: std::collections::BTreeMap<String, KvPair>,
+    hidden: HashMap<bool, Tensor<f32>>,
     pub pos: usize,
     pub context: usize,
     pub last_hidden: Vec<f32>,
-    /// Sessions created (graphs load once per backend, not per step).
+    /// Sessions created (graphs load once per backend, not per step); for `qnn`, QNN contexts created.
     pub sessions_created: usize,
+    /// KV buffers allocated over the backend's life (2 per KV tensor: allocated once, reused every step).
+    pub kv_buffers_allocated: usize,
+    pub steps: usize,
+    /// When set, every run's inputs are recorded as raw little-endian bytes (QAIRT's --input_list files).
+    pub capture: Option<Vec<Vec<(String, Vec<u8>)>>>,
+}
+
+/// A export directory's manifest.
+pub fn manifest(dir: &Path) -> Result<serde_json::Value> {
+    let mp = dir.join("manifest.json");
+    serde_json::from_str(&std::fs::read_to_string(&mp).map_err(|e| Error::io(&mp, e))?)
+        .map_err(|e| Error::file(&mp, format!("invalid JSON: {e}")))
 }
 
 /// The .onnx of an export directory (its manifest's variant).
 pub fn graph_in(dir: &Path) -> Result<(String, PathBuf)> {
+    let m = manifest(dir)?;
     let mp = dir.join("manifest.json");
-    let m: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&mp).map_err(|e| Error::io(&mp, e))?)
-            .map_err(|e| Error::file(&mp, format!("invalid JSON: {e}")))?;
     let v = m["variant"]
         .as_str()
         .ok_or_else(|| Error::file(&mp, "no \"variant\""))?
@@ -120,16 +252,46 @@ pub fn graph_in(dir: &Path) -> Result<(String, PathBuf)> {
     Ok((v, p))
 }
 
+/// The graph a directory runs on `ep`: the export's .onnx (cpu), or the EPContext .onnx `hexq compile` wrote
+/// for the target (qnn). Returns (variant, path, optimize).
+pub fn graph_for(dir: &Path, ep: &Ep) -> Result<(String, PathBuf, bool)> {
+    let (v, p) = graph_in(dir)?;
+    let m = manifest(dir)?;
+    let qdq = m["graph"]["qdq"].as_bool().unwrap_or(false);
+    match ep {
+        Ep::Cpu => Ok((v, p, !qdq)),
+        Ep::Qnn { target } => {
+            let c = m["compiled"]
+                .as_array()
+                .and_then(|a| a.iter().find(|c| c["target"] == target.as_str()))
+                .ok_or_else(|| {
+                    Error::file(
+                        &dir.join("manifest.json"),
+                        format!("no {v} binary compiled for {target}: run `hexq compile --artifacts {} --target {target}`", dir.display()),
+                    )
+                })?;
+            let p = dir.join(c["onnx"].as_str().unwrap_or_default());
+            if !p.exists() || !dir.join(c["bin"].as_str().unwrap_or_default()).exists() {
+                return Err(Error::file(
+                    &p,
+                    "missing (the manifest lists it as compiled)",
+                ));
+            }
+            Ok((v, p, true))
+        }
+    }
+}
+
 impl OrtBackend {
     /// From export directories: one decode variant, optionally a trunk; host-model/ from the first that has one.
-    pub fn open(dirs: &[PathBuf], threads: usize) -> Result<Self> {
+    pub fn open(dirs: &[PathBuf], threads: usize, ep: Ep) -> Result<Self> {
         let (mut decode, mut trunk, mut host) = (None, None, None);
         for d in dirs {
-            let (v, p) = graph_in(d)?;
+            let (v, p, opt) = graph_for(d, &ep)?;
             if v == "trunk" {
-                trunk = Some(Graph::load(&p, threads)?);
+                trunk = Some(Graph::load(&p, threads, &ep, opt)?);
             } else if decode.is_none() {
-                decode = Some(Graph::load(&p, threads)?);
+                decode = Some(Graph::load(&p, threads, &ep, opt)?);
             } else {
                 return Err(Error::file(
                     d,
@@ -152,15 +314,36 @@ impl OrtBackend {
             .max()
             .unwrap_or(usize::MAX);
         let n = 1 + trunk.is_some() as usize;
+        let mut kv = std::collections::BTreeMap::new();
+        let alloc = ort::memory::Allocator::default();
+        let mut kv_buffers_allocated = 0;
+        for (name, shape) in decode.inputs.iter().filter(|(n, _)| n.starts_with("past_")) {
+            let mk = || -> Result<Tensor<f32>> {
+                Tensor::<f32>::new(&alloc, shape.clone()).map_err(|e| oe("KV buffer", e))
+            };
+            kv.insert(
+                name.clone(),
+                KvPair {
+                    bufs: [mk()?, mk()?],
+                    cur: 0,
+                },
+            );
+            kv_buffers_allocated += 2;
+        }
         let mut b = OrtBackend {
             host,
             decode,
             trunk,
-            kv: HashMap::new(),
+            ep,
+            kv,
+            hidden: HashMap::new(),
             pos: 0,
             context,
             last_hidden: vec![],
             sessions_created: n,
+            kv_buffers_allocated,
+            steps: 0,
+            capture: None,
         };
         b.reset();
         Ok(b)
@@ -212,35 +395,74 @@ impl OrtBackend {
         } else {
             &mut self.decode
         };
-        let mut all: Vec<(String, ort::session::SessionInputValue)> =
-            ins.into_iter().map(|(k, v)| (k, v.into())).collect();
-        for (n, _) in g.inputs.iter().filter(|(n, _)| n.starts_with("past_")) {
-            let v = self
-                .kv
-                .get(n)
-                .ok_or_else(|| Error::Msg(format!("no KV buffer {n}")))?;
-            all.push((n.clone(), v.into()));
+        if let Some(cap) = self.capture.as_mut() {
+            let mut row = Vec::new();
+            for (k, v) in &ins {
+                let bytes: Vec<u8> = if let Ok((_, x)) = v.try_extract_tensor::<f32>() {
+                    x.iter().flat_map(|f| f.to_le_bytes()).collect()
+                } else {
+                    let (_, x) = v.try_extract_tensor::<i32>().map_err(|e| oe(k, e))?;
+                    x.iter().flat_map(|f| f.to_le_bytes()).collect()
+                };
+                row.push((k.clone(), bytes));
+            }
+            for (n, pair) in &self.kv {
+                let (_, x) = pair.bufs[pair.cur].extract_tensor();
+                row.push((n.clone(), x.iter().flat_map(|f| f.to_le_bytes()).collect()));
+            }
+            cap.push(row);
         }
-        let mut out = g
-            .session
-            .run(all)
+        let mut bind = g.session.create_binding().map_err(|e| oe("binding", e))?;
+        for (k, v) in &ins {
+            bind.bind_input(k.as_str(), v).map_err(|e| oe(k, e))?;
+        }
+        for (n, pair) in self.kv.iter_mut() {
+            let present = format!("present_{}", &n["past_".len()..]);
+            let (r, w) = pair.bufs.split_at_mut(1);
+            let (read, write) = if pair.cur == 0 {
+                (&r[0], &mut w[0])
+            } else {
+                (&w[0], &mut r[0])
+            };
+            bind.bind_input(n.as_str(), read).map_err(|e| oe(n, e))?;
+            bind.bind_output(present.as_str(), write)
+                .map_err(|e| oe(&present, e))?;
+        }
+        // hidden_states: one resident buffer per graph as well.
+        if !self.hidden.contains_key(&trunk) {
+            let shape: Vec<i64> = g
+                .session
+                .outputs()
+                .iter()
+                .find(|o| o.name() == "hidden_states")
+                .and_then(|o| {
+                    o.dtype()
+                        .tensor_shape()
+                        .map(|s| s.iter().copied().collect())
+                })
+                .ok_or_else(|| Error::Msg(format!("{}: no hidden_states output", g.name)))?;
+            let t = Tensor::<f32>::new(
+                &ort::memory::Allocator::default(),
+                shape.iter().map(|&d| d.max(1) as usize).collect::<Vec<_>>(),
+            )
+            .map_err(|e| oe("hidden buffer", e))?;
+            self.hidden.insert(trunk, t);
+        }
+        let hbuf = self.hidden.get_mut(&trunk).unwrap();
+        bind.bind_output("hidden_states", &mut *hbuf)
+            .map_err(|e| oe("hidden_states", e))?;
+        g.session
+            .run_binding(&bind)
             .map_err(|e| oe(&format!("running {}", g.name), e))?;
-        let hidden = out
-            .remove("hidden_states")
-            .ok_or_else(|| Error::Msg(format!("{}: no hidden_states output", g.name)))?;
-        let (_, h) = hidden
+        drop(bind);
+        for pair in self.kv.values_mut() {
+            pair.cur ^= 1;
+        }
+        self.steps += 1;
+        let (_, h) = self.hidden[&trunk]
             .try_extract_tensor::<f32>()
             .map_err(|e| oe("hidden_states", e))?;
-        let h = h.to_vec();
-        let names: Vec<String> = self.kv.keys().cloned().collect();
-        for n in names {
-            let present = format!("present_{}", &n["past_".len()..]);
-            let v = out
-                .remove(&present)
-                .ok_or_else(|| Error::Msg(format!("{}: no {present} output", g.name)))?;
-            self.kv.insert(n, v);
-        }
-        Ok(h)
+        Ok(h.to_vec())
     }
 
     /// One token through the decode graph; returns the final hidden state [H].
@@ -299,23 +521,35 @@ impl OrtBackend {
 
 impl Backend for OrtBackend {
     fn name(&self) -> &str {
-        "ort"
+        match self.ep {
+            Ep::Cpu => "ort",
+            Ep::Qnn { .. } => "qnn",
+        }
     }
     fn reset(&mut self) {
-        self.kv.clear();
-        for (n, s) in self
-            .decode
-            .inputs
-            .iter()
-            .filter(|(n, _)| n.starts_with("past_"))
-        {
-            let z = vec![0f32; s.iter().product()];
-            self.kv.insert(
-                n.clone(),
-                Tensor::from_array((s.clone(), z)).unwrap().into_dyn(),
-            );
+        for pair in self.kv.values_mut() {
+            pair.cur = 0;
+            pair.bufs[0].extract_tensor_mut().1.fill(0.0);
         }
         self.pos = 0;
+    }
+    fn stats(&self) -> Option<serde_json::Value> {
+        let ctx = match &self.ep {
+            Ep::Qnn { target } => {
+                serde_json::json!({"target": target, "contexts_created": self.sessions_created})
+            }
+            Ep::Cpu => serde_json::json!({}),
+        };
+        let mut v = serde_json::json!({
+            "sessions_created": self.sessions_created,
+            "kv_buffers_allocated": self.kv_buffers_allocated,
+            "kv_tensors": self.kv.len(),
+            "graph_runs": self.steps,
+        });
+        v.as_object_mut()
+            .unwrap()
+            .extend(ctx.as_object().unwrap().clone());
+        Some(v)
     }
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         let h = if ids.len() > 1 && self.trunk.is_some() {
