@@ -112,8 +112,18 @@ enum Cmd {
     Verify {
         #[arg(long)]
         model: Option<PathBuf>,
+        /// quantsim: hexq's quantsim (--encodings) vs float. qnn: the compiled binaries of --artifacts on the
+        /// QNN HTP simulator vs float and vs hexq's quantsim, per --targets.
+        #[arg(long, default_value = "quantsim", value_parser = ["quantsim", "qnn"])]
+        backend: String,
+        #[arg(long, required_if_eq("backend", "quantsim"))]
+        encodings: Option<PathBuf>,
+        /// qnn: export directories compiled by `hexq compile` (decode variants and/or trunk), each verified.
         #[arg(long)]
-        encodings: PathBuf,
+        artifacts: Vec<PathBuf>,
+        /// qnn: comma list of targets.
+        #[arg(long, default_value = "v79,v81")]
+        targets: String,
         /// Calibration stats, for the coverage report.
         #[arg(long)]
         stats: Option<PathBuf>,
@@ -772,6 +782,108 @@ fn quantize(
 }
 
 #[allow(clippy::too_many_arguments)]
+/// `hexq verify --backend qnn`: per export dir × target, HTP-simulated vs float, vs hexq's quantsim, and
+/// quantsim vs float as the baseline — the offline answer to "will the device match quantsim?".
+fn verify_qnn(
+    model: Option<PathBuf>,
+    artifacts: Vec<PathBuf>,
+    targets: String,
+    dataset: PathBuf,
+    limit: Option<usize>,
+    steps: usize,
+    as_json: bool,
+) -> Result<()> {
+    use hexq_model::graph::{GraphOptions, Variant};
+    use hexq_quantize::verify::{backend, compare, quantsim};
+    use hexq_runtime::ort::{manifest, Ep, OrtBackend};
+    if artifacts.is_empty() {
+        anyhow::bail!("--backend qnn needs --artifacts DIR (compiled by `hexq compile`)");
+    }
+    let dir = model_dir(model)?;
+    let ck = Arc::new(Checkpoint::open(&dir)?);
+    let tok = Tokenizer::from_dir(&dir)?;
+    let mut recs = hexq_calibrate::load_dataset(&dataset)?;
+    if let Some(n) = limit {
+        recs.truncate(n);
+    }
+    let quiet = StdoutToStderr::new();
+    let mut rows = Vec::new();
+    for a in &artifacts {
+        let m = manifest(a)?;
+        let vname = m["variant"].as_str().unwrap_or_default().to_string();
+        let v = Variant::parse(&vname)
+            .ok_or_else(|| anyhow::anyhow!("{}: unknown variant {vname:?}", a.display()))?;
+        let o = GraphOptions {
+            context: m["graph"]["context"].as_u64().unwrap_or(4096) as usize,
+            seq: m["graph"]["seq"].as_u64().unwrap_or(128) as usize,
+        };
+        let encp = a.join(format!("{vname}.encodings.json"));
+        let enc: hexq_quantize::Encodings = read_json(&encp)?;
+        let st = if v == Variant::Trunk { 0 } else { steps };
+        let mut float = backend(&ck, v, &o)?;
+        let mut qs = quantsim(&ck, &enc, v, &o)?;
+        let pb = count_progress(&format!("{vname}: quantsim vs float"));
+        let r = compare(&vname, &mut float, &mut qs, &tok, &recs, o.context, st, &pb)?;
+        pb.finish_and_clear();
+        rows.push(json!({"variant": vname, "target": "-", "candidate": "quantsim", "reference": "float", "report": r}));
+        for t in targets.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let mut htp = OrtBackend::open(&[a.clone()], 1, Ep::Qnn { target: t.into() })?;
+            for (refname, rb) in [("float", &mut float), ("quantsim", &mut qs)] {
+                let pb = count_progress(&format!("{vname} {t}: HTP vs {refname}"));
+                let r = compare(&vname, rb, &mut htp, &tok, &recs, o.context, st, &pb)?;
+                pb.finish_and_clear();
+                rows.push(json!({"variant": vname, "target": t, "candidate": "htp", "reference": refname,
+                                 "contexts_created": htp.sessions_created, "kv_buffers_allocated": htp.kv_buffers_allocated,
+                                 "report": r}));
+            }
+        }
+    }
+    drop(quiet);
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!("| variant | target | candidate vs reference | top-1 | hidden cos mean / min | KL mean / max | greedy exact | decode cos per step (mean) |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        let p = &r["report"];
+        let tr: Vec<String> = p["step_cosine_mean"]
+            .as_array()
+            .map(|v| {
+                v.iter()
+                    .map(|c| format!("{:.4}", c.as_f64().unwrap_or(0.0)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!(
+            "| {} | {} | {} vs {} | {:.1} % | {:.5} / {:.5} | {:.2e} / {:.2e} | {} | {} |",
+            r["variant"].as_str().unwrap_or(""),
+            r["target"].as_str().unwrap_or(""),
+            r["candidate"].as_str().unwrap_or(""),
+            r["reference"].as_str().unwrap_or(""),
+            100.0 * p["top1_agreement"].as_f64().unwrap_or(0.0),
+            p["cosine_mean"].as_f64().unwrap_or(0.0),
+            p["cosine_min"].as_f64().unwrap_or(0.0),
+            p["kl_mean"].as_f64().unwrap_or(0.0),
+            p["kl_max"].as_f64().unwrap_or(0.0),
+            if p["greedy_steps"].as_u64().unwrap_or(0) > 0 {
+                format!(
+                    "{}/{} ({} steps)",
+                    p["greedy_exact"], p["prompts"], p["greedy_steps"]
+                )
+            } else {
+                "-".into()
+            },
+            if tr.is_empty() {
+                "-".into()
+            } else {
+                tr.join(" → ")
+            }
+        );
+    }
+    Ok(())
+}
+
 fn verify(
     model: Option<PathBuf>,
     encodings: PathBuf,
@@ -1378,13 +1490,30 @@ fn main() {
         } => quantize(model, stats, scheme, int8_kv, overrides, force, out),
         Cmd::Verify {
             model,
+            backend,
             encodings,
+            artifacts,
+            targets,
             stats,
             dataset,
             limit,
             steps,
             json,
-        } => verify(model, encodings, stats, dataset, limit, steps, json),
+        } => {
+            if backend == "qnn" {
+                verify_qnn(model, artifacts, targets, dataset, limit, steps, json)
+            } else {
+                verify(
+                    model,
+                    encodings.unwrap(),
+                    stats,
+                    dataset,
+                    limit,
+                    steps,
+                    json,
+                )
+            }
+        }
         Cmd::Synth {
             config,
             out,

@@ -92,7 +92,7 @@ pub fn kl(float: &[f32], quant: &[f32]) -> f64 {
     lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }
 
-fn backend(ck: &Arc<Checkpoint>, v: Variant, o: &GraphOptions) -> Result<GraphBackend> {
+pub fn backend(ck: &Arc<Checkpoint>, v: Variant, o: &GraphOptions) -> Result<GraphBackend> {
     let decode = if v == Variant::Trunk {
         Variant::DecodeWgqa
     } else {
@@ -239,4 +239,103 @@ pub fn verify(
         coverage_outside,
         per_prompt: per,
     })
+}
+
+/// Reference vs candidate on held-out prompts through the [`hexq_runtime::Hidden`] interface: the same
+/// figures as [`verify`] (top-1, hidden cosine mean/min, KL, token-exact greedy over `steps` steps driven by the
+/// reference's tokens, per-step decode cosine) for any two backends — float or quantsim vs the HTP simulator.
+#[allow(clippy::too_many_arguments)]
+pub fn compare(
+    label: &str,
+    reference: &mut dyn hexq_runtime::Hidden,
+    cand: &mut dyn hexq_runtime::Hidden,
+    tok: &Tokenizer,
+    recs: &[Record],
+    context: usize,
+    steps: usize,
+    pb: &indicatif::ProgressBar,
+) -> Result<Report> {
+    let mut per = Vec::new();
+    for r in recs {
+        let ids = match &r.messages {
+            Some(m) => tok.encode_chat(m)?,
+            None => tok.encode(r.text.as_deref().unwrap())?,
+        };
+        let ids: Vec<u32> = ids
+            .into_iter()
+            .take(context.saturating_sub(steps + 1).max(1))
+            .collect();
+        reference.reset_all();
+        cand.reset_all();
+        let hf = reference.hidden_all(&ids)?.pop().unwrap();
+        let hq = cand.hidden_all(&ids)?.pop().unwrap();
+        let (mut lf, mut lq) = (reference.logits_of(&hf)?, cand.logits_of(&hq)?);
+        let mut res = PromptResult {
+            id: r.id.clone(),
+            prompt_tokens: ids.len(),
+            top1_agree: argmax(&lf) == argmax(&lq),
+            cosine: cos(&hf, &hq),
+            kl: kl(&lf, &lq),
+            norm_ratio: norm(&hq) / norm(&hf).max(1e-30),
+            greedy_exact: true,
+            greedy_agree_steps: 0,
+            step_cosine: vec![],
+        };
+        for _ in 0..steps {
+            let nf = argmax(&lf);
+            if argmax(&lq) != nf {
+                res.greedy_exact = false;
+            } else if res.greedy_exact {
+                res.greedy_agree_steps += 1;
+            }
+            let hf = reference.step_one(nf)?;
+            let hq = cand.step_one(nf)?;
+            res.step_cosine.push(cos(&hf, &hq));
+            res.norm_ratio = res.norm_ratio.min(norm(&hq) / norm(&hf).max(1e-30));
+            lf = reference.logits_of(&hf)?;
+            lq = cand.logits_of(&hq)?;
+        }
+        per.push(res);
+        pb.inc(1);
+    }
+    Ok(summarize(label, per, steps, vec![]))
+}
+
+fn summarize(
+    label: &str,
+    per: Vec<PromptResult>,
+    steps: usize,
+    coverage_outside: Vec<Coverage>,
+) -> Report {
+    let n = per.len() as f64;
+    let maxlen = per.iter().map(|p| p.step_cosine.len()).max().unwrap_or(0);
+    let step_cosine_mean = (0..maxlen)
+        .map(|s| {
+            let v: Vec<f64> = per
+                .iter()
+                .filter_map(|p| p.step_cosine.get(s).copied())
+                .collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        })
+        .collect();
+    let norm_ratio_min = per
+        .iter()
+        .map(|p| p.norm_ratio)
+        .fold(f64::INFINITY, f64::min);
+    Report {
+        variant: label.into(),
+        prompts: per.len(),
+        top1_agreement: per.iter().filter(|p| p.top1_agree).count() as f64 / n,
+        cosine_mean: per.iter().map(|p| p.cosine).sum::<f64>() / n,
+        cosine_min: per.iter().map(|p| p.cosine).fold(f64::INFINITY, f64::min),
+        kl_mean: per.iter().map(|p| p.kl).sum::<f64>() / n,
+        kl_max: per.iter().map(|p| p.kl).fold(0.0, f64::max),
+        greedy_steps: steps,
+        greedy_exact: per.iter().filter(|p| p.greedy_exact).count(),
+        norm_ratio_min,
+        collapsed: norm_ratio_min < 0.1,
+        step_cosine_mean,
+        coverage_outside,
+        per_prompt: per,
+    }
 }

@@ -61,6 +61,45 @@ impl Backend for CpuBackend {
     }
 }
 
+/// What verification needs from a backend: hidden states by position, one step at a time, and logits.
+pub trait Hidden {
+    fn reset_all(&mut self);
+    /// Hidden states of every position of `ids` (prompt path: trunk chunks when the backend has one).
+    fn hidden_all(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>>;
+    fn step_one(&mut self, id: u32) -> Result<Vec<f32>>;
+    fn logits_of(&self, h: &[f32]) -> Result<Vec<f32>>;
+}
+
+impl Hidden for graph::GraphBackend {
+    fn reset_all(&mut self) {
+        Backend::reset(self)
+    }
+    fn hidden_all(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.hidden(ids)
+    }
+    fn step_one(&mut self, id: u32) -> Result<Vec<f32>> {
+        self.step(id)
+    }
+    fn logits_of(&self, h: &[f32]) -> Result<Vec<f32>> {
+        self.logits(h)
+    }
+}
+
+impl Hidden for ort::OrtBackend {
+    fn reset_all(&mut self) {
+        Backend::reset(self)
+    }
+    fn hidden_all(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        self.hidden(ids)
+    }
+    fn step_one(&mut self, id: u32) -> Result<Vec<f32>> {
+        self.step(id)
+    }
+    fn logits_of(&self, h: &[f32]) -> Result<Vec<f32>> {
+        self.host.logits(h)
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Generation {
     pub backend: String,

@@ -213,7 +213,8 @@ struct KvPair {
 
 pub struct OrtBackend {
     pub host: HostFiles,
-    pub decode: Graph,
+    /// None for a trunk-only backend (then single tokens go through the trunk too).
+    pub decode: Option<Graph>,
     pub trunk: Option<Graph>,
     pub ep: Ep,
     kv: std::collections::BTreeMap<String, KvPair>,
@@ -302,22 +303,26 @@ impl OrtBackend {
                 host = Some(HostFiles::open(&d.join("host-model"))?);
             }
         }
-        let decode =
-            decode.ok_or_else(|| Error::Msg("no decode export among --artifacts".into()))?;
+        if decode.is_none() && trunk.is_none() {
+            return Err(Error::Msg(
+                "no decode or trunk export among --artifacts".into(),
+            ));
+        }
         let host =
             host.ok_or_else(|| Error::Msg("no host-model/ in the --artifacts directories".into()))?;
-        let context = decode
+        let kvg: &Graph = decode.as_ref().or(trunk.as_ref()).unwrap();
+        let context = kvg
             .inputs
             .iter()
             .filter(|(n, _)| n.starts_with("past_key_"))
             .map(|(_, s)| s[2])
             .max()
             .unwrap_or(usize::MAX);
-        let n = 1 + trunk.is_some() as usize;
+        let n = decode.is_some() as usize + trunk.is_some() as usize;
         let mut kv = std::collections::BTreeMap::new();
         let alloc = ort::memory::Allocator::default();
         let mut kv_buffers_allocated = 0;
-        for (name, shape) in decode.inputs.iter().filter(|(n, _)| n.starts_with("past_")) {
+        for (name, shape) in kvg.inputs.iter().filter(|(n, _)| n.starts_with("past_")) {
             let mk = || -> Result<Tensor<f32>> {
                 Tensor::<f32>::new(&alloc, shape.clone()).map_err(|e| oe("KV buffer", e))
             };
@@ -393,7 +398,7 @@ impl OrtBackend {
         let g = if trunk {
             self.trunk.as_mut().unwrap()
         } else {
-            &mut self.decode
+            self.decode.as_mut().unwrap()
         };
         if let Some(cap) = self.capture.as_mut() {
             let mut row = Vec::new();
@@ -469,6 +474,9 @@ impl OrtBackend {
     pub fn step(&mut self, id: u32) -> Result<Vec<f32>> {
         if self.pos + 1 > self.context {
             return Err(Error::Msg(format!("context full at position {}", self.pos)));
+        }
+        if self.decode.is_none() {
+            return Ok(self.chunk(&[id])?.pop().unwrap());
         }
         let ins = self.inputs(&[id], 1, false)?;
         let h = self.run(false, ins)?;

@@ -236,6 +236,8 @@ fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
         Op::Reciprocal => x[0].recip()?,
         Op::Neg => x[0].neg()?,
         Op::Tanh => x[0].tanh()?,
+        // 1/(1+e^-x), as onnxruntime computes it.
+        Op::Sigmoid => (x[0].neg()?.exp()? + 1.0)?.recip()?,
         Op::Cos => x[0].cos()?,
         Op::Sin => x[0].sin()?,
         Op::Mod => {

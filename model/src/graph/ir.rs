@@ -75,6 +75,7 @@ pub enum Op {
     Reciprocal,
     Neg,
     Tanh,
+    Sigmoid,
     Cos,
     Sin,
     /// Integer Mod with fmod=0 (result has the divisor's sign).
@@ -135,6 +136,7 @@ impl Op {
             Op::Reciprocal => "Reciprocal",
             Op::Neg => "Neg",
             Op::Tanh => "Tanh",
+            Op::Sigmoid => "Sigmoid",
             Op::Cos => "Cos",
             Op::Sin => "Sin",
             Op::Mod => "Mod",
@@ -288,7 +290,7 @@ pub fn infer(op: &Op, ins: &[&TensorType]) -> Result<TensorType, String> {
             })?;
             Ok(TensorType::new(DType::Bool, &s))
         }
-        Op::Sqrt | Op::Reciprocal | Op::Neg | Op::Tanh | Op::Cos | Op::Sin => {
+        Op::Sqrt | Op::Reciprocal | Op::Neg | Op::Tanh | Op::Sigmoid | Op::Cos | Op::Sin => {
             need(1)?;
             Ok(ins[0].clone())
         }
