@@ -3,10 +3,11 @@
 a decode loop with the host-model/ files, and compare every step's hidden state with onnxruntime CPU on the
 QDQ ONNX it was compiled from (the same quantized graph): the offline answer to "does HTP match quantsim?".
 
-usage: ort_qnn_run.py CTX.onnx QDQ.onnx HOST_MODEL_DIR ARCH   → JSON (load time, s/step, per-step cosine)
+usage: ort_qnn_run.py CTX.onnx QDQ.onnx HOST_MODEL_DIR ARCH   (CTX.onnx: <variant>_<target>.onnx from hexq compile; ARCH 79|81)   → JSON (load time, s/step, per-step cosine)
 """
 import sys, json, time, numpy as np, onnxruntime as ort, onnxruntime_qnn as oq
-sys.path.insert(0, '/work/main/tests/judges')
+from pathlib import Path as _P
+sys.path.insert(0, str(_P(__file__).resolve().parent.parent / 'tests' / 'judges'))
 from ort_qdq import load_host
 from pathlib import Path
 ctx, qdq, hostdir, arch = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]

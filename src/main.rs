@@ -794,7 +794,7 @@ fn verify_qnn(
     as_json: bool,
 ) -> Result<()> {
     use hexq_model::graph::{GraphOptions, Variant};
-    use hexq_quantize::verify::{backend, compare, quantsim};
+    use hexq_quantize::verify::{backend, compare, compare_many, quantsim};
     use hexq_runtime::ort::{manifest, Ep, OrtBackend};
     if artifacts.is_empty() {
         anyhow::bail!("--backend qnn needs --artifacts DIR (compiled by `hexq compile`)");
@@ -811,7 +811,8 @@ fn verify_qnn(
     for a in &artifacts {
         let m = manifest(a)?;
         let vname = m["variant"].as_str().unwrap_or_default().to_string();
-        let v = Variant::parse(&vname)
+        // decode_wgqa_int8kv is decode_wgqa's graph with int8 KV encodings.
+        let v = Variant::parse(vname.trim_end_matches("_int8kv"))
             .ok_or_else(|| anyhow::anyhow!("{}: unknown variant {vname:?}", a.display()))?;
         let o = GraphOptions {
             context: m["graph"]["context"].as_u64().unwrap_or(4096) as usize,
@@ -828,10 +829,20 @@ fn verify_qnn(
         rows.push(json!({"variant": vname, "target": "-", "candidate": "quantsim", "reference": "float", "report": r}));
         for t in targets.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             let mut htp = OrtBackend::open(&[a.clone()], 1, Ep::Qnn { target: t.into() })?;
-            for (refname, rb) in [("float", &mut float), ("quantsim", &mut qs)] {
-                let pb = count_progress(&format!("{vname} {t}: HTP vs {refname}"));
-                let r = compare(&vname, rb, &mut htp, &tok, &recs, o.context, st, &pb)?;
-                pb.finish_and_clear();
+            // HTP runs once against both references (decode steps follow float's greedy tokens).
+            let pb = count_progress(&format!("{vname} {t}: HTP vs float and quantsim"));
+            let rs = compare_many(
+                &vname,
+                &mut [&mut float, &mut qs],
+                &mut htp,
+                &tok,
+                &recs,
+                o.context,
+                st,
+                &pb,
+            )?;
+            pb.finish_and_clear();
+            for (refname, r) in ["float", "quantsim"].into_iter().zip(rs) {
                 rows.push(json!({"variant": vname, "target": t, "candidate": "htp", "reference": refname,
                                  "contexts_created": htp.sessions_created, "kv_buffers_allocated": htp.kv_buffers_allocated,
                                  "report": r}));
@@ -1119,6 +1130,52 @@ fn pipeline(
         gguf: None,
         json: false,
     })?;
+    let qnn_ok = std::process::Command::new("python3")
+        .args(["-c", "import onnxruntime_qnn"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if qnn_ok {
+        let d = out.join("decode_wgqa.qdq");
+        for t in ["v79", "v81"] {
+            eprintln!("== compile decode_wgqa for {t} (QNN HTP via onnxruntime-qnn), run it on the HTP simulator");
+            compile::compile(compile::Args {
+                dir: d.clone(),
+                target: t.into(),
+                toolchain: "ort-qnn".into(),
+                dry_run: false,
+                force: true,
+                json: false,
+                calib_steps: 8,
+            })?;
+            run(RunArgs {
+                model: model.clone(),
+                prompt: "What is the capital of France?".into(),
+                system: None,
+                max_tokens: 8,
+                backend: BackendKind::Qnn,
+                context,
+                seq: 128,
+                artifacts: vec![d.clone()],
+                threads: 0,
+                target: t.into(),
+                gguf: None,
+                json: false,
+            })?;
+        }
+        eprintln!("== verify the v79/v81 binaries on the HTP simulator (4 held-out prompts)");
+        verify_qnn(
+            model.clone(),
+            vec![d],
+            "v79,v81".into(),
+            "datasets/heldout.jsonl".into(),
+            Some(4),
+            4,
+            false,
+        )?;
+    } else {
+        eprintln!("== compile/qnn skipped: python3 cannot import onnxruntime_qnn (pip install onnxruntime-qnn==2.7.0)");
+    }
     eprintln!("== GGUF q4_0 (--pure, the published 4-bit mix) and f16");
     gguf(
         model.clone(),

@@ -255,7 +255,24 @@ pub fn compare(
     steps: usize,
     pb: &indicatif::ProgressBar,
 ) -> Result<Report> {
-    let mut per = Vec::new();
+    Ok(compare_many(label, &mut [reference], cand, tok, recs, context, steps, pb)?.remove(0))
+}
+
+/// [`compare`] against several references at once, the candidate run once (it may be slow: the HTP
+/// simulator). Decode steps are driven by the first reference's greedy tokens; one report per reference.
+#[allow(clippy::too_many_arguments)]
+pub fn compare_many(
+    label: &str,
+    refs: &mut [&mut dyn hexq_runtime::Hidden],
+    cand: &mut dyn hexq_runtime::Hidden,
+    tok: &Tokenizer,
+    recs: &[Record],
+    context: usize,
+    steps: usize,
+    pb: &indicatif::ProgressBar,
+) -> Result<Vec<Report>> {
+    let mut per: Vec<Vec<PromptResult>> = vec![Vec::new(); refs.len()];
+    pb.set_length(recs.len() as u64);
     for r in recs {
         let ids = match &r.messages {
             Some(m) => tok.encode_chat(m)?,
@@ -265,40 +282,53 @@ pub fn compare(
             .into_iter()
             .take(context.saturating_sub(steps + 1).max(1))
             .collect();
-        reference.reset_all();
         cand.reset_all();
-        let hf = reference.hidden_all(&ids)?.pop().unwrap();
         let hq = cand.hidden_all(&ids)?.pop().unwrap();
-        let (mut lf, mut lq) = (reference.logits_of(&hf)?, cand.logits_of(&hq)?);
-        let mut res = PromptResult {
-            id: r.id.clone(),
-            prompt_tokens: ids.len(),
-            top1_agree: argmax(&lf) == argmax(&lq),
-            cosine: cos(&hf, &hq),
-            kl: kl(&lf, &lq),
-            norm_ratio: norm(&hq) / norm(&hf).max(1e-30),
-            greedy_exact: true,
-            greedy_agree_steps: 0,
-            step_cosine: vec![],
-        };
-        for _ in 0..steps {
-            let nf = argmax(&lf);
-            if argmax(&lq) != nf {
-                res.greedy_exact = false;
-            } else if res.greedy_exact {
-                res.greedy_agree_steps += 1;
-            }
-            let hf = reference.step_one(nf)?;
-            let hq = cand.step_one(nf)?;
-            res.step_cosine.push(cos(&hf, &hq));
-            res.norm_ratio = res.norm_ratio.min(norm(&hq) / norm(&hf).max(1e-30));
-            lf = reference.logits_of(&hf)?;
-            lq = cand.logits_of(&hq)?;
+        let mut lq = cand.logits_of(&hq)?;
+        let mut lfs = Vec::new();
+        for (k, rf) in refs.iter_mut().enumerate() {
+            rf.reset_all();
+            let hf = rf.hidden_all(&ids)?.pop().unwrap();
+            let lf = rf.logits_of(&hf)?;
+            per[k].push(PromptResult {
+                id: r.id.clone(),
+                prompt_tokens: ids.len(),
+                top1_agree: argmax(&lf) == argmax(&lq),
+                cosine: cos(&hf, &hq),
+                kl: kl(&lf, &lq),
+                norm_ratio: norm(&hq) / norm(&hf).max(1e-30),
+                greedy_exact: true,
+                greedy_agree_steps: 0,
+                step_cosine: vec![],
+            });
+            lfs.push(lf);
         }
-        per.push(res);
+        for _ in 0..steps {
+            let drive = argmax(&lfs[0]);
+            for (k, lf) in lfs.iter().enumerate() {
+                let res = per[k].last_mut().unwrap();
+                if argmax(&lq) != argmax(lf) {
+                    res.greedy_exact = false;
+                } else if res.greedy_exact {
+                    res.greedy_agree_steps += 1;
+                }
+            }
+            let hq = cand.step_one(drive)?;
+            lq = cand.logits_of(&hq)?;
+            for (k, rf) in refs.iter_mut().enumerate() {
+                let hf = rf.step_one(drive)?;
+                let res = per[k].last_mut().unwrap();
+                res.step_cosine.push(cos(&hf, &hq));
+                res.norm_ratio = res.norm_ratio.min(norm(&hq) / norm(&hf).max(1e-30));
+                lfs[k] = rf.logits_of(&hf)?;
+            }
+        }
         pb.inc(1);
     }
-    Ok(summarize(label, per, steps, vec![]))
+    Ok(per
+        .into_iter()
+        .map(|p| summarize(label, p, steps, vec![]))
+        .collect())
 }
 
 fn summarize(

@@ -25,6 +25,10 @@ pub trait Backend {
     fn reset(&mut self);
     /// Run `ids` at the next positions; return the logits (after softcap) of the last one.
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>>;
+    /// Positions the backend can hold (the KV buffers' length), when bounded.
+    fn capacity(&self) -> Option<usize> {
+        None
+    }
     /// Counters a run reports (sessions/contexts created, buffers allocated, steps).
     fn stats(&self) -> Option<serde_json::Value> {
         None
@@ -106,7 +110,7 @@ pub struct Generation {
     pub prompt_ids: Vec<u32>,
     pub generated_ids: Vec<u32>,
     pub text: String,
-    /// "stop_token" (106 or 1 emitted; not included in text) or "max_tokens".
+    /// "stop_token" (106 or 1 emitted; not included in text), "max_tokens" or "context_full".
     pub stop_reason: String,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
@@ -121,6 +125,13 @@ pub fn generate_ids(
     prompt_ids: &[u32],
     max_tokens: usize,
 ) -> Result<(Vec<u32>, String, f64, f64)> {
+    if let Some(c) = b.capacity().filter(|&c| prompt_ids.len() > c) {
+        return Err(hexq_model::Error::Msg(format!(
+            "the prompt has {} tokens; the {} graph holds {c} positions (export with a larger --context)",
+            prompt_ids.len(),
+            b.name()
+        )));
+    }
     b.reset();
     let t0 = Instant::now();
     let mut logits = b.feed(prompt_ids)?;
@@ -136,6 +147,12 @@ pub fn generate_ids(
             break;
         }
         if out.len() == max_tokens {
+            break;
+        }
+        if b.capacity()
+            .is_some_and(|c| prompt_ids.len() + out.len() > c)
+        {
+            reason = "context_full".into();
             break;
         }
         logits = b.feed(&[next])?;

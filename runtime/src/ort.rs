@@ -541,6 +541,9 @@ impl Backend for OrtBackend {
         }
         self.pos = 0;
     }
+    fn capacity(&self) -> Option<usize> {
+        Some(self.context)
+    }
     fn stats(&self) -> Option<serde_json::Value> {
         let ctx = match &self.ep {
             Ep::Qnn { target } => {
