@@ -33,8 +33,19 @@ fn export(out: &Path, variant: &str, enc: &Path, qdq: bool) {
     hexq_ok(&a);
 }
 
+/// `hexq args…` (must succeed), stdout as JSON; the QNN EP's context loads counted from its own log.
 fn json_out(args: &[&str]) -> Value {
-    let o = hexq_ok(args);
+    let o = Command::new(env!("CARGO_BIN_EXE_hexq"))
+        .current_dir(root())
+        .args(args)
+        .env("HEXQ_COUNT_QNN_CONTEXTS", "1")
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "hexq {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
         panic!(
             "hexq {args:?}: stdout is not JSON ({e}): {}",
@@ -178,6 +189,8 @@ fn compile_run_verify_on_the_htp_simulator() {
         );
         let s = &g["stats"];
         assert_eq!(s["contexts_created"], 1, "{g}");
+        // …and by the QNN EP's own log ("Load from cached QNN Context completed"), over all 50-odd steps.
+        assert_eq!(s["qnn_ep_context_loads"], 1, "{g}");
         assert_eq!(
             s["kv_buffers_allocated"].as_u64(),
             s["kv_tensors"].as_u64().map(|k| 2 * k),
@@ -190,6 +203,27 @@ fn compile_run_verify_on_the_htp_simulator() {
             "{g}"
         );
         assert_eq!(g["backend"], "qnn");
+    }
+    // Every binary reloads and runs: int8-KV decode and the trunk alone (single tokens through the trunk).
+    for d in [&dirs[1].1, &dirs[2].1] {
+        for target in ["v79", "v81"] {
+            let g = json_out(&[
+                "run",
+                "--backend",
+                "qnn",
+                "--target",
+                target,
+                "--artifacts",
+                d.to_str().unwrap(),
+                "--prompt",
+                "Hi",
+                "--max-tokens",
+                "3",
+                "--json",
+            ]);
+            assert_eq!(g["stats"]["contexts_created"], 1, "{g}");
+            assert_eq!(g["generated_ids"].as_array().unwrap().len(), 3, "{g}");
+        }
     }
     // With the trunk: prompt in SEQ chunks through the trunk binary, then decode; one context per graph.
     let g = json_out(&[
@@ -209,6 +243,7 @@ fn compile_run_verify_on_the_htp_simulator() {
         "--json",
     ]);
     assert_eq!(g["stats"]["contexts_created"], 2, "{g}");
+    assert_eq!(g["stats"]["qnn_ep_context_loads"], 2, "{g}");
 
     // verify --backend qnn: bounds from the README's measurement (12 held-out prompts): HTP vs quantsim.
     let rows = json_out(&[

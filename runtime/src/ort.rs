@@ -41,16 +41,46 @@ pub fn find_onnxruntime() -> Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
 }
 
+/// QNN contexts the QNN EP reported loading (counted only with HEXQ_COUNT_QNN_CONTEXTS set).
+pub static QNN_CONTEXT_LOADS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// Load onnxruntime once per process; its environment.
 pub fn init() -> Result<&'static ort::environment::Environment> {
     static INIT: std::sync::OnceLock<std::result::Result<ort::environment::Environment, String>> =
         std::sync::OnceLock::new();
     INIT.get_or_init(|| {
         let p = find_onnxruntime().map_err(|e| e.to_string())?;
-        let b = ort::init_from(&p).map_err(|e| format!("loading {}: {e}", p.display()))?;
-        b.with_name("hexq")
+        let mut b = ort::init_from(&p)
+            .map_err(|e| format!("loading {}: {e}", p.display()))?
+            .with_name("hexq");
+        let count = std::env::var_os("HEXQ_COUNT_QNN_CONTEXTS").is_some();
+        if count {
+            // Count the QNN EP's own "context loaded" log lines: an independent check that the binary is
+            // loaded once per run (tests/qnn.rs). Needs verbose logging; warnings and errors still go to stderr.
+            b = b.with_logger(std::sync::Arc::new(
+                |level: ort::logging::LogLevel, _c: &str, _id: &str, loc: &str, msg: &str| {
+                    if msg.contains("Load from cached QNN Context completed") {
+                        QNN_CONTEXT_LOADS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    if matches!(
+                        level,
+                        ort::logging::LogLevel::Warning
+                            | ort::logging::LogLevel::Error
+                            | ort::logging::LogLevel::Fatal
+                    ) {
+                        eprintln!("onnxruntime {loc}: {msg}");
+                    }
+                },
+            ));
+        }
+        let env = b
             .build()
-            .map_err(|e| format!("onnxruntime environment: {e}"))
+            .map_err(|e| format!("onnxruntime environment: {e}"))?;
+        if count {
+            env.set_log_level(ort::logging::LogLevel::Verbose);
+        }
+        Ok(env)
     })
     .as_ref()
     .map_err(|e| Error::Msg(e.clone()))
@@ -547,7 +577,13 @@ impl Backend for OrtBackend {
     fn stats(&self) -> Option<serde_json::Value> {
         let ctx = match &self.ep {
             Ep::Qnn { target } => {
-                serde_json::json!({"target": target, "contexts_created": self.sessions_created})
+                let mut v = serde_json::json!({"target": target, "contexts_created": self.sessions_created});
+                if std::env::var_os("HEXQ_COUNT_QNN_CONTEXTS").is_some() {
+                    v["qnn_ep_context_loads"] = QNN_CONTEXT_LOADS
+                        .load(std::sync::atomic::Ordering::SeqCst)
+                        .into();
+                }
+                v
             }
             Ep::Cpu => serde_json::json!({}),
         };
