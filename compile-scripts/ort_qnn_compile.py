@@ -43,7 +43,7 @@ def main():
     if not devs:
         sys.exit(f"no {oq.EP_NAME} device after registering {oq.get_library_path()}")
     so = ort.SessionOptions()
-    so.log_severity_level = 0 if os.environ.get("HEXQ_QNN_VERBOSE") else 2
+    so.log_severity_level = 0  # verbose: the EP names each refused node and its reason only at this level
     so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     so.add_session_config_entry("ep.context_enable", "1")
     so.add_session_config_entry("ep.context_file_path", str(ctx))
@@ -65,20 +65,29 @@ def main():
     finally:
         os.dup2(saved, 2)
     log.seek(0)
-    text = log.read().decode(errors="replace")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log.read().decode(errors="replace"))
     if os.environ.get("HEXQ_QNN_VERBOSE"):
         sys.stderr.write(text)
     rep = {"model": a.model, "target": a.target, "soc": t["soc"], "htp_arch": t["htp_arch"], "options": opts,
            "onnxruntime": ort.__version__, "seconds": round(time.time() - t0, 2), "ok": err is None}
     m = onnx.load(a.model, load_external_data=False)
     rep["nodes"] = len(m.graph.node)
-    refused = re.findall(r"\{ name: ([^,]+), type: (\w+) \}", text)
+    # "Validation FAILED for N nodes in OrtNodeUnit (Op) :" / "Operator type: Op Node name: X Node index: i" /
+    # "REASON : …", and the error-level "Unsupported nodes in QNN EP: { name: X, type: Op }" summary.
+    refused = {}
+    for m_ in re.finditer(r"Operator type: (\w+) Node name: (.*?) Node index: \d+\s*\n\s*REASON : ([^\n]*)", text):
+        refused.setdefault(m_.group(2).strip(), {"name": m_.group(2).strip(), "op": m_.group(1), "reason": m_.group(3).strip()})
+    for n_, o_ in re.findall(r"\{ name: ([^,]+), type: (\w+) \}", text):
+        refused.setdefault(n_, {"name": n_, "op": o_})
     if err:
         rep["error"] = err[-2000:]
-        rep["nodes_off_htp"] = [{"name": n, "op": o} for n, o in dict.fromkeys(refused)]
+        rep["nodes_off_htp"] = list(refused.values())
         rep["reasons"] = sorted(set(l.strip()[-400:] for l in text.splitlines()
-                                    if re.search(r"(unsupported|not supported|failed|validation)", l, re.I)))[:50]
+                                    if re.search(r"\[E:", l)))[:20]
         print(json.dumps(rep, indent=1))
+        for f in work.iterdir():
+            f.unlink()
+        work.rmdir()
         sys.exit(1)
     # The EPContext graph: one EPContext node per compiled partition, all with source QNN; anything else ran on CPU.
     cm = onnx.load(str(ctx))

@@ -156,21 +156,22 @@ fn ort_qnn(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
                 v.iter()
                     .map(|n| {
                         format!(
-                            "{} ({})",
+                            "{} ({}): {}",
                             n["name"].as_str().unwrap_or("?"),
-                            n["op"].as_str().unwrap_or("?")
+                            n["op"].as_str().unwrap_or("?"),
+                            n["reason"].as_str().unwrap_or("refused by the QNN EP")
                         )
                     })
                     .collect()
             })
             .unwrap_or_default();
         bail!(
-            "{}: compile for {} failed: {}\nnodes off HTP ({}): {}\nreasons:\n  {}",
+            "{}: compile for {} failed: {}\nnodes off HTP ({}):\n  {}\nerrors:\n  {}",
             onnx.display(),
             a.target,
             rep["error"].as_str().unwrap_or("?"),
             off.len(),
-            off.join(", "),
+            off.join("\n  "),
             rep["reasons"]
                 .as_array()
                 .map(|r| r

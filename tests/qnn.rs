@@ -164,6 +164,43 @@ fn compile_run_verify_on_the_htp_simulator() {
         "{e}"
     );
 
+    // A graph with a node HTP cannot take: compile fails naming the node, the op and the EP's reason, and
+    // leaves nothing behind.
+    let bad = t.path().join("bad");
+    std::fs::create_dir(&bad).unwrap();
+    std::fs::copy(dirs[0].1.join("manifest.json"), bad.join("manifest.json")).unwrap();
+    let o = Command::new("python3")
+        .args(["-c", "import onnx, sys; from onnx import helper as h, TensorProto as T\n\
+n = [h.make_node('NonZero', ['x'], ['nz'], name='the_nonzero'), h.make_node('Cast', ['nz'], ['y'], to=T.FLOAT, name='cast')]\n\
+g = h.make_graph(n, 'g', [h.make_tensor_value_info('x', T.FLOAT, [4])], [h.make_tensor_value_info('y', T.FLOAT, None)])\n\
+m = h.make_model(g, opset_imports=[h.make_opsetid('', 21)]); m.ir_version = 10; onnx.save(m, sys.argv[1])",
+            bad.join("decode_wgqa.onnx").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = hexq(&[
+        "compile",
+        "--artifacts",
+        bad.to_str().unwrap(),
+        "--target",
+        "v79",
+    ]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{e}");
+    assert!(
+        e.contains("the_nonzero (NonZero): NonZero output shape must be static"),
+        "{e}"
+    );
+    let names: Vec<String> = std::fs::read_dir(&bad)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "only the manifest and the graph remain: {names:?}"
+    );
+
     // run --backend qnn: a prompt past the 16-position sliding window (ring wrap), token by token through the
     // decode binary. One context, 2 buffers per KV tensor however many steps.
     let prompt = "Tell me a story about a ship that sails across the ocean.";
