@@ -652,15 +652,19 @@ pub fn write_gguf(
             // the 4.7 GB per-layer embedding.
             let name = p.hf.as_deref().unwrap_or(&p.name).to_string();
             let row = p.ne[0] as usize;
-            let mut put = |v: &[f32], written: &mut u64| -> Result<()> {
-                ggml::encode_into(p.ty, v, row, &mut obuf)
+            let put = |w: &mut dyn Write,
+                       obuf: &mut Vec<u8>,
+                       v: &[f32],
+                       written: &mut u64|
+             -> Result<()> {
+                ggml::encode_into(p.ty, v, row, obuf)
                     .map_err(|m| Error::Msg(format!("{name}: {m}")))?;
-                w.write_all(&obuf).map_err(|e| Error::io(&tmp, e))?;
+                w.write_all(obuf).map_err(|e| Error::io(&tmp, e))?;
                 *written += obuf.len() as u64;
                 Ok(())
             };
             match &p.hf {
-                None => put(&values(ck, p)?, &mut written)?,
+                None => put(&mut w, &mut obuf, &values(ck, p)?, &mut written)?,
                 Some(hf) => {
                     let info = ck.store.get(&format!("{}{hf}", ck.config.prefix)).unwrap();
                     // pread into one buffer rather than faulting the mapping in page by page: the
@@ -678,6 +682,31 @@ pub fn write_gguf(
                         let chunk = &mut buf[..b - a];
                         fh.read_exact_at(chunk, (info.start + a) as u64)
                             .map_err(|e| Error::tensor(file, hf, format!("reading: {e}")))?;
+                        // bf16 → bf16: the bytes are the answer (the f32 round trip is the identity for every
+                        // non-NaN value; NaN goes the long way, as the converter quiets it).
+                        if p.ty == ggml::GgmlType::BF16
+                            && info.dtype == hexq_model::weights::DType::BF16
+                            && !chunk
+                                .chunks_exact(2)
+                                .any(|h| (u16::from_le_bytes([h[0], h[1]]) & 0x7fff) > 0x7f80)
+                        {
+                            w.write_all(chunk).map_err(|e| Error::io(&tmp, e))?;
+                            written += chunk.len() as u64;
+                            progress((b - a) as u64);
+                            a = b;
+                            continue;
+                        }
+                        if matches!(p.ty, ggml::GgmlType::Q4_0 | ggml::GgmlType::Q8_0)
+                            && info.dtype == hexq_model::weights::DType::BF16
+                        {
+                            ggml::encode_bf16_into(p.ty, chunk, row, &mut obuf)
+                                .map_err(|m| Error::Msg(format!("{name}: {m}")))?;
+                            w.write_all(&obuf).map_err(|e| Error::io(&tmp, e))?;
+                            written += obuf.len() as u64;
+                            progress((b - a) as u64);
+                            a = b;
+                            continue;
+                        }
                         match info.dtype {
                             hexq_model::weights::DType::F16 => {
                                 fbuf = hexq_model::weights::to_f32(chunk, info.dtype)
@@ -688,7 +717,7 @@ pub fn write_gguf(
                                 &mut fbuf,
                             ),
                         }
-                        put(&fbuf, &mut written)?;
+                        put(&mut w, &mut obuf, &fbuf, &mut written)?;
                         progress((b - a) as u64);
                         a = b;
                     }
