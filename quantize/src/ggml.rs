@@ -93,32 +93,48 @@ pub fn quantize_q4_0(x: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
             x.len()
         ));
     }
-    check_finite(x)?;
+    let start = out.len();
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
+    let finite = if std::arch::is_x86_feature_detected!("avx2") {
         // Same code, 8 lanes wide. No FMA: ggml's reference rounds x·id and + 8.5 separately.
-        unsafe { q4_0_avx2(x, out) };
-        return Ok(());
+        unsafe { q4_0_avx2(x, out) }
+    } else {
+        q4_0_blocks(x, out)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let finite = q4_0_blocks(x, out);
+    if !finite {
+        // The blocks pass flags NaN/inf as it goes; name the element and write nothing.
+        out.truncate(start);
+        check_finite(x)?;
     }
-    q4_0_blocks(x, out);
     Ok(())
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn q4_0_avx2(x: &[f32], out: &mut Vec<u8>) {
+unsafe fn q4_0_avx2(x: &[f32], out: &mut Vec<u8>) -> bool {
     q4_0_blocks(x, out)
 }
 
-/// The blocks of finite `x` (checked by the caller).
+/// The blocks of `x`; false (and garbage in `out`) if a value is NaN or infinite.
 #[inline(always)]
-fn q4_0_blocks(x: &[f32], out: &mut Vec<u8>) {
+fn q4_0_blocks(x: &[f32], out: &mut Vec<u8>) -> bool {
     for b in x.chunks_exact(QK) {
         // ggml keeps the first element of largest magnitude: a max over |v|, then the first v reaching it
-        // (same result, but the max vectorizes; values are finite, so a compare is f32::max).
-        let amax = b
-            .iter()
-            .fold(0f32, |a, v| if v.abs() > a { v.abs() } else { a });
+        // (same result, but the max vectorizes). `bad` catches NaN/inf in the same pass.
+        let mut bad = false;
+        let amax = b.iter().fold(0f32, |a, v| {
+            bad |= !(v.abs() <= f32::MAX);
+            if v.abs() > a {
+                v.abs()
+            } else {
+                a
+            }
+        });
+        if bad {
+            return false;
+        }
         let max = b.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
         let d = max / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -141,6 +157,7 @@ fn q4_0_blocks(x: &[f32], out: &mut Vec<u8>) {
         }
         out.extend_from_slice(&qs);
     }
+    true
 }
 
 /// `quantize_row_q8_0_ref`.
