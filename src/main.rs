@@ -1130,11 +1130,7 @@ fn pipeline(
         gguf: None,
         json: false,
     })?;
-    let qnn_ok = std::process::Command::new("python3")
-        .args(["-c", "import onnxruntime_qnn"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
+    let qnn_ok = hexq_runtime::ort::find_qnn().is_ok();
     if qnn_ok {
         let d = out.join("decode_wgqa.qdq");
         for t in ["v79", "v81"] {

@@ -234,15 +234,7 @@ pub fn encode_into(t: GgmlType, x: &[f32], row: usize, out: &mut Vec<u8>) -> Res
             // 256 blocks per task.
             x.par_chunks(QK * 256)
                 .zip(out.par_chunks_mut(bs * 256))
-                .for_each(|(xs, os)| {
-                    let mut tmp = Vec::with_capacity(os.len());
-                    if t == GgmlType::Q4_0 {
-                        quantize_q4_0(xs, &mut tmp).unwrap();
-                    } else {
-                        quantize_q8_0(xs, &mut tmp).unwrap();
-                    }
-                    os.copy_from_slice(&tmp);
-                });
+                .try_for_each(|(xs, os)| quantize_task(t, xs, os))?;
         }
     }
     Ok(())
@@ -279,15 +271,20 @@ pub fn encode_bf16_into(
             for (x, h) in xs.iter_mut().zip(src.chunks_exact(2)) {
                 *x = f32::from_bits((u16::from_le_bytes([h[0], h[1]]) as u32) << 16);
             }
-            let mut tmp = Vec::with_capacity(os.len());
-            if t == GgmlType::Q4_0 {
-                quantize_q4_0(xs, &mut tmp)?;
-            } else {
-                quantize_q8_0(xs, &mut tmp)?;
-            }
-            os.copy_from_slice(&tmp);
-            Ok(())
+            quantize_task(t, xs, os)
         })
+}
+
+/// One rayon task of q4_0/q8_0 blocks into its slice of the output.
+fn quantize_task(t: GgmlType, xs: &[f32], os: &mut [u8]) -> Result<(), String> {
+    let mut tmp = Vec::with_capacity(os.len());
+    if t == GgmlType::Q4_0 {
+        quantize_q4_0(xs, &mut tmp)?;
+    } else {
+        quantize_q8_0(xs, &mut tmp)?;
+    }
+    os.copy_from_slice(&tmp);
+    Ok(())
 }
 
 /// Little-endian storage bytes → f32 into a reused buffer.

@@ -184,17 +184,6 @@ pub fn verify(
         per.push(res);
         pb.inc(1);
     }
-    let n = per.len() as f64;
-    let maxlen = per.iter().map(|p| p.step_cosine.len()).max().unwrap_or(0);
-    let step_cosine_mean = (0..maxlen)
-        .map(|s| {
-            let v: Vec<f64> = per
-                .iter()
-                .filter_map(|p| p.step_cosine.get(s).copied())
-                .collect();
-            v.iter().sum::<f64>() / v.len() as f64
-        })
-        .collect();
     let mut coverage_outside = Vec::new();
     if let Some(st) = stats {
         let held: BTreeMap<String, Range> = obs.ranges.lock().unwrap().clone();
@@ -219,26 +208,8 @@ pub fn verify(
                 .then(a.tensor.cmp(&b.tensor))
         });
     }
-    let norm_ratio_min = per
-        .iter()
-        .map(|p| p.norm_ratio)
-        .fold(f64::INFINITY, f64::min);
-    Ok(Report {
-        variant: v.name().into(),
-        prompts: per.len(),
-        top1_agreement: per.iter().filter(|p| p.top1_agree).count() as f64 / n,
-        cosine_mean: per.iter().map(|p| p.cosine).sum::<f64>() / n,
-        cosine_min: per.iter().map(|p| p.cosine).fold(f64::INFINITY, f64::min),
-        kl_mean: per.iter().map(|p| p.kl).sum::<f64>() / n,
-        kl_max: per.iter().map(|p| p.kl).fold(0.0, f64::max),
-        greedy_steps: if v == Variant::Trunk { 0 } else { steps },
-        greedy_exact: per.iter().filter(|p| p.greedy_exact).count(),
-        norm_ratio_min,
-        collapsed: norm_ratio_min < 0.1,
-        step_cosine_mean,
-        coverage_outside,
-        per_prompt: per,
-    })
+    let greedy = if v == Variant::Trunk { 0 } else { steps };
+    Ok(summarize(v.name(), per, greedy, coverage_outside))
 }
 
 /// Reference vs candidate on held-out prompts through the [`hexq_runtime::Hidden`] interface: the same

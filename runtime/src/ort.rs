@@ -575,27 +575,21 @@ impl Backend for OrtBackend {
         Some(self.context)
     }
     fn stats(&self) -> Option<serde_json::Value> {
-        let ctx = match &self.ep {
-            Ep::Qnn { target } => {
-                let mut v = serde_json::json!({"target": target, "contexts_created": self.sessions_created});
-                if std::env::var_os("HEXQ_COUNT_QNN_CONTEXTS").is_some() {
-                    v["qnn_ep_context_loads"] = QNN_CONTEXT_LOADS
-                        .load(std::sync::atomic::Ordering::SeqCst)
-                        .into();
-                }
-                v
-            }
-            Ep::Cpu => serde_json::json!({}),
-        };
         let mut v = serde_json::json!({
             "sessions_created": self.sessions_created,
             "kv_buffers_allocated": self.kv_buffers_allocated,
             "kv_tensors": self.kv.len(),
             "graph_runs": self.steps,
         });
-        v.as_object_mut()
-            .unwrap()
-            .extend(ctx.as_object().unwrap().clone());
+        if let Ep::Qnn { target } = &self.ep {
+            v["target"] = target.as_str().into();
+            v["contexts_created"] = self.sessions_created.into();
+            if std::env::var_os("HEXQ_COUNT_QNN_CONTEXTS").is_some() {
+                v["qnn_ep_context_loads"] = QNN_CONTEXT_LOADS
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                    .into();
+            }
+        }
         Some(v)
     }
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
