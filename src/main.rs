@@ -100,6 +100,10 @@ enum Cmd {
         /// int8 KV buffers (the decode_wgqa_int8kv variant).
         #[arg(long)]
         int8_kv: bool,
+        /// Encode masked softmax inputs over the mask constant too (plain min-max, as aimet-onnx does by
+        /// default) instead of from min(scores) - 32 up (README: "Calibration and A16W8").
+        #[arg(long)]
+        full_mask_range: bool,
         /// JSON overrides: {"rules": [{"pattern": "layers.*.mlp.*_proj.weight.T", "kind": "param", "bitwidth": 4}]}
         #[arg(long)]
         overrides: Option<PathBuf>,
@@ -729,6 +733,7 @@ fn quantize(
     stats: PathBuf,
     scheme: String,
     int8_kv: bool,
+    full_mask_range: bool,
     overrides: Option<PathBuf>,
     force: bool,
     out: PathBuf,
@@ -765,7 +770,11 @@ fn quantize(
         Some(p) => hexq_quantize::Overrides::from_file(&p)?,
         None => Default::default(),
     };
-    let mut enc = hexq_quantize::encode(&ck, &g, &st, &hexq_quantize::Scheme::a16w8(int8_kv), &ov)?;
+    let mut sch = hexq_quantize::Scheme::a16w8(int8_kv);
+    if full_mask_range {
+        sch.mask_floor = None;
+    }
+    let mut enc = hexq_quantize::encode(&ck, &g, &st, &sch, &ov)?;
     enc.hexq["context"] = st.context.into();
     enc.hexq["seq"] = st.seq.into();
     enc.hexq["variant"] = st.variant.clone().into();
@@ -1053,6 +1062,7 @@ fn pipeline(
         st.clone(),
         "a16w8".into(),
         false,
+        false,
         None,
         false,
         enc.clone(),
@@ -1062,6 +1072,7 @@ fn pipeline(
         st.clone(),
         "a16w8".into(),
         true,
+        false,
         None,
         false,
         enc8.clone(),
@@ -1537,10 +1548,20 @@ fn main() {
             stats,
             scheme,
             int8_kv,
+            full_mask_range,
             overrides,
             force,
             out,
-        } => quantize(model, stats, scheme, int8_kv, overrides, force, out),
+        } => quantize(
+            model,
+            stats,
+            scheme,
+            int8_kv,
+            full_mask_range,
+            overrides,
+            force,
+            out,
+        ),
         Cmd::Verify {
             model,
             backend,

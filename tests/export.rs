@@ -244,12 +244,21 @@ fn qdq_export_in_onnxruntime_matches_hexq_quantsim() {
             s0["origin_max_steps"].as_f64().unwrap() <= 1.001,
             "{summary}"
         );
-        // Over whole prompts those one-step flips grow through the random fixture's layers (its int16
-        // quantization noise alone costs cos 0.997 vs float), so the sequence-level bounds are the measured
-        // figures with margin (README: "QDQ vs quantsim"), not 0.9999.
+        // Whole prompts, every position: the bar on the A16W8 graph. With int8 KV a one-step flip
+        // is 1/255 of the K/V range, and a few of them reach a near-tie top-1 (README: "QDQ vs quantsim").
         let n = r["n"].as_f64().unwrap();
-        assert!(r["top1_equal"].as_f64().unwrap() >= 0.7 * n, "{summary}");
-        assert!(r["cos_mean"].as_f64().unwrap() >= 0.99, "{summary}");
+        let (top1, cos_mean, cos_min) = (
+            r["top1_equal"].as_f64().unwrap(),
+            r["cos_mean"].as_f64().unwrap(),
+            r["cos_min"].as_f64().unwrap(),
+        );
+        if variant == "decode_wgqa" {
+            assert_eq!(top1, n, "{summary}");
+            assert!(cos_mean >= 0.9999 && cos_min >= 0.9999, "{summary}");
+        } else {
+            assert!(top1 >= 0.95 * n, "{summary}");
+            assert!(cos_mean >= 0.9999 && cos_min >= 0.95, "{summary}");
+        }
     }
 }
 
@@ -636,6 +645,12 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
     assert_eq!(
         r["kv_write_tied_not_compared"].as_array().unwrap().len(),
         25,
+        "{r}"
+    );
+    // And the masked softmax inputs, which hexq encodes from min(scores) - 32 up: one per layer.
+    assert_eq!(
+        r["mask_floored_not_compared"].as_array().unwrap().len(),
+        10,
         "{r}"
     );
     eprintln!("params {p}\nactivations {a}");

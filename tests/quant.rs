@@ -85,6 +85,45 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
         e["activation_encodings"]["present_key_0"][0]["bitwidth"],
         16
     );
+    // Masked softmax inputs: from min(scores) - 32 up (the mask's -1e4 saturates there), not from -1e4;
+    // --full-mask-range gives plain min-max.
+    let sm = &e["activation_encodings"]["layers.0.self_attn.scores_masked"][0];
+    let smin = s["tensors"]["layers.0.self_attn.scores"]["min"]
+        .as_f64()
+        .unwrap();
+    let lo = sm["min"].as_f64().unwrap();
+    let step = sm["scale"].as_f64().unwrap();
+    assert!(
+        (lo - (smin - 32.0)).abs() <= step,
+        "{sm} vs scores min {smin}"
+    );
+    assert!(step < 2e-3, "{sm}");
+    assert_eq!(
+        e["hexq"]["mask_floored"].as_object().unwrap().len(),
+        s["tensors"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| k.ends_with(".scores_masked"))
+            .count()
+    );
+    let encf = t.path().join("encf.json");
+    ok(&hexq(
+        &[
+            "quantize",
+            "--model",
+            MODEL,
+            "--stats",
+            st.to_str().unwrap(),
+            "--full-mask-range",
+            "--out",
+            encf.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let ef: Value = serde_json::from_str(&std::fs::read_to_string(&encf).unwrap()).unwrap();
+    let smf = &ef["activation_encodings"]["layers.0.self_attn.scores_masked"][0];
+    assert!(smf["min"].as_f64().unwrap() < -9999.0, "{smf}");
     let enc8 = t.path().join("enc8.json");
     ok(&hexq(
         &[

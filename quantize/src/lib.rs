@@ -13,6 +13,13 @@
 //! - quantize `q = clamp(round(x/scale) - offset, 0, 2^bw-1)`, dequantize `(q + offset)·scale` (QNN's
 //!   convention: real = scale·(q + offset), offset ≤ 0).
 //! Gemma-4 has no biases, so no int32 bias encodings are emitted (the rule would be scale_act × scale_w).
+//!
+//! One deliberate departure from plain min-max, on by default (`Scheme::mask_floor`): a masked softmax input
+//! (`scores + mask`, the mask holding NEG = -1e4) is encoded over `[min(scores) - 32, max]` instead of
+//! `[-1e4, max]`. The quantizer saturates the masked slots to the floor, where each weighs at most e^-32
+//! (≈1e-14, far under the int16 probability step), and the real scores get a step ~150× finer (0.0015
+//! instead of 0.153 on the tiny model). With the full range a 1-step flip of a score moves its softmax weight
+//! by 16 %: it was the largest quantization error of the graph and the amplifier of engine differences.
 
 pub mod ablate;
 pub mod ggml;
@@ -196,7 +203,13 @@ pub struct Scheme {
     /// Other float constants (norm weights, scalars, tables): per-tensor asymmetric at this width.
     pub const_bw: u32,
     pub int8_kv: bool,
+    /// Masked softmax inputs encoded over `[min(scores) - floor, max]` (module docs); None = plain min-max
+    /// over the mask constant too (aimet-onnx's default behaviour).
+    pub mask_floor: Option<f64>,
 }
+
+/// e^-32 ≈ 1.3e-14 per masked slot: negligible next to the int16 probability step even at 4096 slots.
+pub const MASK_FLOOR: f64 = 32.0;
 
 impl Scheme {
     pub fn a16w8(int8_kv: bool) -> Self {
@@ -205,8 +218,32 @@ impl Scheme {
             weight_bw: 8,
             const_bw: 16,
             int8_kv,
+            mask_floor: Some(MASK_FLOOR),
         }
     }
+}
+
+/// Masked softmax inputs: `Add(scores, mask)` nodes whose output feeds a Softmax and one of whose inputs is
+/// an in-graph mask (`mask.*`). Returns output → scores input.
+pub fn masked_softmax_inputs(g: &Graph) -> BTreeMap<String, String> {
+    let softmax_in: std::collections::HashSet<&str> = g
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, Op::Softmax { .. }))
+        .map(|n| n.inputs[0].as_str())
+        .collect();
+    g.nodes
+        .iter()
+        .filter(|n| n.op == Op::Add && softmax_in.contains(n.outputs[0].as_str()))
+        .filter_map(|n| {
+            let (a, b) = (&n.inputs[0], &n.inputs[1]);
+            match (a.starts_with("mask."), b.starts_with("mask.")) {
+                (false, true) => Some((n.outputs[0].clone(), a.clone())),
+                (true, false) => Some((n.outputs[0].clone(), b.clone())),
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 /// The encodings file (AIMET 0.6.1 layout): activation and param encodings by tensor name.
@@ -507,6 +544,11 @@ pub fn encode(
         }
         (bw, sym)
     };
+    let masked = match scheme.mask_floor {
+        Some(_) => masked_softmax_inputs(graph),
+        None => BTreeMap::new(),
+    };
+    let mut floors = serde_json::Map::new();
     let mut inherit = Vec::new();
     for n in names {
         if !graph.types[n].dtype.is_float() {
@@ -520,7 +562,14 @@ pub fn encode(
             inherit.push((n, src));
             continue;
         } else {
-            let (lo, hi) = range(n)?;
+            let (mut lo, hi) = range(n)?;
+            if let (Some(scores), Some(f)) = (masked.get(n), scheme.mask_floor) {
+                let floor = range(scores)?.0 - f;
+                if floor > lo {
+                    lo = floor;
+                    floors.insert(n.into(), floor.into());
+                }
+            }
             let (bw, sym) = spec(n);
             Encoding::compute(bw, lo, hi, sym)
         };
@@ -548,6 +597,8 @@ pub fn encode(
         "graph": graph.name, "graph_sha256": stats.graph_sha256, "model_sha256": stats.model_sha256,
         "dataset_sha256": stats.dataset_sha256, "weights": "int8 symmetric per output channel (axis = output of the [in, out] MatMul weight)",
         "overrides": ov.rules,
+        // Masked softmax inputs encoded from min(scores) - mask_floor up (module docs): tensor → floor.
+        "mask_floor": scheme.mask_floor, "mask_floored": floors,
         // Shared encodings (member → group output), e.g. the KV write's past/new-row/present for HTP.
         "tie_groups": ties.iter().filter(|(m, r)| m != r).map(|(m, r)| (m.clone(), serde_json::Value::String(r.clone()))).collect::<serde_json::Map<_, _>>(),
     });
