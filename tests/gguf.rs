@@ -109,7 +109,7 @@ fn gguf_equals_llama_cpp_converter_and_quantizer_output() {
 }
 
 #[test]
-fn q4_0_and_q8_0_blocks_equal_the_reference_quantizer() {
+fn q4_0_q8_0_q6_k_blocks_equal_the_reference_quantizers() {
     if !gguf_py() {
         return;
     }
@@ -138,7 +138,7 @@ fn q4_0_and_q8_0_blocks_equal_the_reference_quantizer() {
         "uniform",
         (0..32 * 128).map(|_| (next() * 2.0 - 1.0) as f32).collect(),
     ));
-    cases.push(("all_zero", vec![0.0; 32 * 4]));
+    cases.push(("all_zero", vec![0.0; 32 * 8]));
     let mut outlier = normal(32 * 8, 0.02, &mut next);
     outlier[5] = 80.0;
     outlier[32 * 3 + 17] = -300.0;
@@ -171,7 +171,7 @@ fn q4_0_and_q8_0_blocks_equal_the_reference_quantizer() {
     ));
     cases.push((
         "equal_magnitudes",
-        (0..32 * 4)
+        (0..32 * 8)
             .map(|i| if i % 2 == 0 { 3.0 } else { -3.0 })
             .collect(),
     ));
@@ -179,7 +179,29 @@ fn q4_0_and_q8_0_blocks_equal_the_reference_quantizer() {
         "integers",
         (0..32 * 8).map(|i| ((i * 37) % 17) as f32 - 8.0).collect(),
     ));
+    // q6_K's own corners: a zero sub-block beside full ones (scale 0), sub-blocks whose scales round to int8 0
+    // next to a huge one (ggml keeps their first-pass levels), a negative largest scale, mixed magnitudes.
+    let mut sub = normal(256 * 4, 1.0, &mut next);
+    sub[16..32].fill(0.0);
+    for v in &mut sub[256 + 32..256 + 64] {
+        *v *= 1e-5;
+    }
+    sub[256 + 100] = 500.0;
+    for v in &mut sub[512..768] {
+        *v = -v.abs();
+    }
+    sub[512 + 7] = -40.0;
+    for (i, v) in sub[768..].iter_mut().enumerate() {
+        *v *= 10f32.powi((i / 16) as i32 % 7 - 3);
+    }
+    cases.push(("q6_k_subblocks", sub));
     for (name, x) in &cases {
+        if x.len() % 256 == 0 {
+            let mut c = vec![];
+            ggml::quantize_q6_k(x, &mut c).unwrap();
+            assert_eq!(ggml::dequantize_q6_k(&c).len(), x.len());
+            std::fs::write(t.path().join(format!("{name}.q6_K")), c).unwrap();
+        }
         std::fs::write(
             t.path().join(format!("{name}.f32")),
             x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
@@ -210,6 +232,29 @@ fn q4_0_and_q8_0_blocks_equal_the_reference_quantizer() {
             r[name]
         );
     }
+    // And ggml itself: libggml-base's quantize_row_*_ref (what llama-quantize calls), q6_K included.
+    if let Some(b) = llama_build() {
+        let lib = b.join("bin/libggml-base.so");
+        let o = Command::new("python3")
+            .arg(root().join("tests/judges/ggml_lib_quants.py"))
+            .arg(&lib)
+            .arg(t.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let mut q6 = 0;
+        for (name, _) in &cases {
+            for ty in ["q4_0", "q8_0", "q6_K"] {
+                if r[name].get(ty).is_some() {
+                    assert_eq!(r[name][ty], true, "{name}: {ty} differs from ggml: {}", r[name]);
+                    q6 += (ty == "q6_K") as usize;
+                }
+            }
+        }
+        assert!(q6 >= 10, "q6_K judged on {q6} tensors: {r}");
+        eprintln!("ggml (libggml-base) agrees on q4_0/q8_0 for {} tensors, q6_K for {q6}", cases.len());
+    }
     // NaN and infinities are refused with an error, not written.
     let mut bad = vec![0f32; 32];
     bad[3] = f32::NAN;
@@ -218,6 +263,11 @@ fn q4_0_and_q8_0_blocks_equal_the_reference_quantizer() {
         .contains("non-finite"));
     bad[3] = f32::INFINITY;
     assert!(ggml::quantize_q8_0(&bad, &mut vec![])
+        .unwrap_err()
+        .contains("non-finite"));
+    let mut bad = vec![0f32; 256];
+    bad[200] = f32::NEG_INFINITY;
+    assert!(ggml::quantize_q6_k(&bad, &mut vec![])
         .unwrap_err()
         .contains("non-finite"));
 }

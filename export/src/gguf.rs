@@ -162,8 +162,8 @@ pub struct Plan {
 /// - Q4_0 (llama-quantize's mix, read from its source and checked on the fixture): q4_0, except
 ///   `per_layer_model_proj` (kept in the source GGUF's type: BF16 from a bf16 checkpoint, else F16), rows not
 ///   a multiple of 32 (F16), and, unless `pure`, the two token-embedding tables, which llama-quantize makes
-///   q6_K — or q8_0 when their rows are not a multiple of 256. q6_K is not implemented in hexq: such configs
-///   (E2B) need `--pure`, the mix of the published 4-bit build.
+///   q6_K — or q8_0 when their rows are not a multiple of 256 (`--pure` is the mix of the published 4-bit
+///   build: every 2-D weight q4_0).
 pub fn tensor_type(
     ft: FileType,
     gname: &str,
@@ -194,11 +194,10 @@ pub fn tensor_type(
                 && (gname == "token_embd.weight" || gname == "per_layer_token_embd.weight")
             {
                 if ne[0] % 256 == 0 {
-                    return Err(format!(
-                        "{gname}: llama-quantize's Q4_0 mix makes this q6_K, which hexq does not implement; use --pure (every 2-D weight q4_0, the published 4-bit build's mix)"
-                    ));
+                    GgmlType::Q6_K
+                } else {
+                    GgmlType::Q8_0
                 }
-                GgmlType::Q8_0
             } else {
                 GgmlType::Q4_0
             }
@@ -696,7 +695,7 @@ pub fn write_gguf(
                             a = b;
                             continue;
                         }
-                        if matches!(p.ty, ggml::GgmlType::Q4_0 | ggml::GgmlType::Q8_0)
+                        if p.ty.is_block()
                             && info.dtype == hexq_model::weights::DType::BF16
                         {
                             ggml::encode_bf16_into(p.ty, chunk, row, &mut obuf)

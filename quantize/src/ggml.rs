@@ -6,6 +6,12 @@
 //!   `q = min(15, trunc(x·(1/d) + 8.5))`, value j in the low nibble of byte j, value 16+j in its high nibble;
 //!   18 bytes per block (fp16 d, 16 bytes).
 //! - q8_0: blocks of 32; `d = amax / 127`, `q = roundf(x·(1/d))` (half away from zero); 34 bytes per block.
+//! - q6_K (`quantize_row_q6_K_ref`, llama-quantize's token-embedding type): super-blocks of 256 = 16
+//!   sub-blocks of 16, each scaled by `make_qx_quants(16, 32, …, rmse_type 1)` (a weighted least-squares
+//!   search over 19 candidate grids), the 16 scales quantized to int8 under one fp16 `d`, then every value
+//!   re-quantized to 6 bits; 210 bytes per block (ql[128], qh[64], scales[16], d). `nearest_int` is ggml's
+//!   float trick (+12582912, round half to even), and ggml-base is compiled without FMA, so every product
+//!   and sum here is a separately rounded f32 in ggml's order (judged against libggml-base itself).
 //!
 //! Non-finite input is refused (ggml would silently write garbage blocks).
 
@@ -14,14 +20,18 @@ use half::f16;
 pub const QK: usize = 32;
 pub const Q4_0_BYTES: usize = 18;
 pub const Q8_0_BYTES: usize = 34;
+pub const QK_K: usize = 256;
+pub const Q6_K_BYTES: usize = 210;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)] // ggml's names
 pub enum GgmlType {
     F32,
     F16,
     BF16,
     Q4_0,
     Q8_0,
+    Q6_K,
 }
 
 impl GgmlType {
@@ -32,6 +42,7 @@ impl GgmlType {
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
             GgmlType::Q8_0 => 8,
+            GgmlType::Q6_K => 14,
             GgmlType::BF16 => 30,
         }
     }
@@ -42,6 +53,7 @@ impl GgmlType {
             GgmlType::BF16 => "BF16",
             GgmlType::Q4_0 => "Q4_0",
             GgmlType::Q8_0 => "Q8_0",
+            GgmlType::Q6_K => "Q6_K",
         }
     }
     /// Bytes for `n` values (n a multiple of the block size for block types).
@@ -51,17 +63,22 @@ impl GgmlType {
             GgmlType::F16 | GgmlType::BF16 => n * 2,
             GgmlType::Q4_0 => n / QK * Q4_0_BYTES,
             GgmlType::Q8_0 => n / QK * Q8_0_BYTES,
+            GgmlType::Q6_K => n / QK_K * Q6_K_BYTES,
         }
     }
     pub fn block(self) -> usize {
         match self {
             GgmlType::Q4_0 | GgmlType::Q8_0 => QK,
+            GgmlType::Q6_K => QK_K,
             _ => 1,
         }
     }
+    pub fn is_block(self) -> bool {
+        self.block() > 1
+    }
     /// Bits per weight.
     pub fn bpw(self) -> f64 {
-        self.bytes(QK) as f64 * 8.0 / QK as f64
+        self.bytes(QK_K) as f64 * 8.0 / QK_K as f64
     }
 }
 
@@ -181,6 +198,152 @@ pub fn quantize_q8_0(x: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
     Ok(())
 }
 
+/// ggml's `nearest_int`: the float is added to 1.5·2^23, which rounds it to an integer (half to even), and the
+/// integer is read back from the mantissa bits. Out-of-range input (ggml only asserts in debug builds) gives
+/// the same bits here as there.
+#[inline(always)]
+fn nearest_int(f: f32) -> i32 {
+    let v = f + 12582912.0f32;
+    (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// `make_qx_quants(16, 32, x, L, rmse_type = 1, NULL)`: the sub-block scale and its levels `L` (0..63).
+fn make_qx_quants_16(x: &[f32], l_out: &mut [i8]) -> f32 {
+    const NMAX: i32 = 32;
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in x {
+        let ax = v.abs();
+        if ax > amax {
+            amax = ax;
+            max = v;
+        }
+    }
+    if amax < 1e-15 {
+        l_out.fill(0);
+        return 0.0;
+    }
+    let sums = |iscale: f32| {
+        let (mut sumlx, mut suml2) = (0f32, 0f32);
+        for &v in x {
+            let l = nearest_int(iscale * v).clamp(-NMAX, NMAX - 1) as f32;
+            let w = v * v;
+            sumlx += w * v * l;
+            suml2 += w * l * l;
+        }
+        (sumlx, suml2)
+    };
+    let levels = |iscale: f32, l_out: &mut [i8]| {
+        for (o, &v) in l_out.iter_mut().zip(x) {
+            *o = (nearest_int(iscale * v).clamp(-NMAX, NMAX - 1) + NMAX) as i8;
+        }
+    };
+    let iscale = -(NMAX as f32) / max;
+    levels(iscale, l_out);
+    let (sumlx, suml2) = sums(iscale);
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in -9i32..=9 {
+        if is == 0 {
+            continue;
+        }
+        let iscale = -(NMAX as f32 + 0.1f32 * is as f32) / max;
+        let (sumlx, suml2) = sums(iscale);
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            levels(iscale, l_out);
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// `quantize_row_q6_K_ref`.
+pub fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
+    if x.len() % QK_K != 0 {
+        return Err(format!(
+            "{} values is not a multiple of the q6_K block size {QK_K}",
+            x.len()
+        ));
+    }
+    check_finite(x)?;
+    for b in x.chunks_exact(QK_K) {
+        let mut l = [0i8; QK_K];
+        let mut scales = [0f32; QK_K / 16];
+        let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
+        for ib in 0..QK_K / 16 {
+            let s = make_qx_quants_16(&b[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
+            scales[ib] = s;
+            if s.abs() > max_abs_scale {
+                max_abs_scale = s.abs();
+                max_scale = s;
+            }
+        }
+        if max_abs_scale < 1e-15 {
+            out.extend_from_slice(&[0u8; Q6_K_BYTES]);
+            continue;
+        }
+        let iscale = -128f32 / max_scale;
+        let d = f16::from_f32(1.0 / iscale);
+        let mut sc = [0i8; QK_K / 16];
+        for ib in 0..QK_K / 16 {
+            sc[ib] = nearest_int(iscale * scales[ib]).min(127) as i8;
+        }
+        for j in 0..QK_K / 16 {
+            let dj = d.to_f32() * sc[j] as f32;
+            if dj == 0.0 {
+                continue;
+            }
+            for ii in 0..16 {
+                let q = nearest_int(b[16 * j + ii] / dj).clamp(-32, 31);
+                l[16 * j + ii] = (q + 32) as i8;
+            }
+        }
+        let (mut ql, mut qh) = ([0u8; QK_K / 2], [0u8; QK_K / 4]);
+        let l = l.map(|v| v as u8);
+        for (h, j) in (0..QK_K).step_by(128).enumerate() {
+            let (ql, qh) = (&mut ql[64 * h..64 * h + 64], &mut qh[32 * h..32 * h + 32]);
+            for i in 0..32 {
+                let (q1, q2, q3, q4) = (l[j + i], l[j + i + 32], l[j + i + 64], l[j + i + 96]);
+                ql[i] = (q1 & 0xF) | ((q3 & 0xF) << 4);
+                ql[i + 32] = (q2 & 0xF) | ((q4 & 0xF) << 4);
+                qh[i] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
+            }
+        }
+        out.extend_from_slice(&ql);
+        out.extend_from_slice(&qh);
+        out.extend(sc.iter().map(|&v| v as u8));
+        out.extend_from_slice(&d.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// Dequantize q6_K (`dequantize_row_q6_K`).
+pub fn dequantize_q6_k(b: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(b.len() / Q6_K_BYTES * QK_K);
+    for blk in b.chunks(Q6_K_BYTES) {
+        let (ql, qh, sc) = (&blk[..128], &blk[128..192], &blk[192..208]);
+        let d = f16::from_le_bytes([blk[208], blk[209]]).to_f32();
+        let mut v = [0f32; QK_K];
+        for h in 0..2 {
+            let (ql, qh) = (&ql[64 * h..], &qh[32 * h..]);
+            for i in 0..32 {
+                let q = [
+                    (ql[i] & 0xF) | ((qh[i] & 3) << 4),
+                    (ql[i + 32] & 0xF) | (((qh[i] >> 2) & 3) << 4),
+                    (ql[i] >> 4) | (((qh[i] >> 4) & 3) << 4),
+                    (ql[i + 32] >> 4) | (((qh[i] >> 6) & 3) << 4),
+                ];
+                for (k, &qk) in q.iter().enumerate() {
+                    let idx = 128 * h + i + 32 * k;
+                    v[idx] = d * sc[idx / 16] as i8 as f32 * (qk as i32 - 32) as f32;
+                }
+            }
+        }
+        out.extend_from_slice(&v);
+    }
+    out
+}
+
 /// Dequantize q4_0 (`dequantize_row_q4_0`).
 pub fn dequantize_q4_0(b: &[u8]) -> Vec<f32> {
     let mut out = Vec::with_capacity(b.len() / Q4_0_BYTES * QK);
@@ -225,15 +388,15 @@ pub fn encode_into(t: GgmlType, x: &[f32], row: usize, out: &mut Vec<u8>) -> Res
             x.iter()
                 .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()),
         ),
-        GgmlType::Q4_0 | GgmlType::Q8_0 => {
-            if row % QK != 0 {
-                return Err(format!("row length {row} is not a multiple of {QK}"));
+        GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q6_K => {
+            let blk = t.block();
+            if row % blk != 0 {
+                return Err(format!("row length {row} is not a multiple of {blk}"));
             }
             out.resize(t.bytes(x.len()), 0);
-            let bs = t.bytes(QK);
-            // 256 blocks per task.
-            x.par_chunks(QK * 256)
-                .zip(out.par_chunks_mut(bs * 256))
+            // 8192 values per task.
+            x.par_chunks(TASK)
+                .zip(out.par_chunks_mut(t.bytes(TASK)))
                 .try_for_each(|(xs, os)| quantize_task(t, xs, os))?;
         }
     }
@@ -250,23 +413,23 @@ pub fn encode_bf16_into(
     out: &mut Vec<u8>,
 ) -> Result<(), String> {
     use rayon::prelude::*;
-    if !matches!(t, GgmlType::Q4_0 | GgmlType::Q8_0) {
+    if !t.is_block() {
         return Err(format!(
             "encode_bf16_into: {} is not a block type",
             t.name()
         ));
     }
-    if row % QK != 0 {
-        return Err(format!("row length {row} is not a multiple of {QK}"));
+    let blk = t.block();
+    if row % blk != 0 {
+        return Err(format!("row length {row} is not a multiple of {blk}"));
     }
     let n = b.len() / 2;
     out.clear();
     out.resize(t.bytes(n), 0);
-    let bs = t.bytes(QK);
-    b.par_chunks(QK * 256 * 2)
-        .zip(out.par_chunks_mut(bs * 256))
+    b.par_chunks(TASK * 2)
+        .zip(out.par_chunks_mut(t.bytes(TASK)))
         .try_for_each(|(src, os)| {
-            let mut xs = [0f32; QK * 256];
+            let mut xs = [0f32; TASK];
             let xs = &mut xs[..src.len() / 2];
             for (x, h) in xs.iter_mut().zip(src.chunks_exact(2)) {
                 *x = f32::from_bits((u16::from_le_bytes([h[0], h[1]]) as u32) << 16);
@@ -275,13 +438,17 @@ pub fn encode_bf16_into(
         })
 }
 
-/// One rayon task of q4_0/q8_0 blocks into its slice of the output.
+/// Values per rayon task (a multiple of every block size).
+const TASK: usize = 8192;
+
+/// One rayon task of blocks into its slice of the output.
 fn quantize_task(t: GgmlType, xs: &[f32], os: &mut [u8]) -> Result<(), String> {
     let mut tmp = Vec::with_capacity(os.len());
-    if t == GgmlType::Q4_0 {
-        quantize_q4_0(xs, &mut tmp)?;
-    } else {
-        quantize_q8_0(xs, &mut tmp)?;
+    match t {
+        GgmlType::Q4_0 => quantize_q4_0(xs, &mut tmp)?,
+        GgmlType::Q8_0 => quantize_q8_0(xs, &mut tmp)?,
+        GgmlType::Q6_K => quantize_q6_k(xs, &mut tmp)?,
+        _ => unreachable!("quantize_task: {} is not a block type", t.name()),
     }
     os.copy_from_slice(&tmp);
     Ok(())
