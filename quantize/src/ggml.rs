@@ -207,7 +207,9 @@ fn nearest_int(f: f32) -> i32 {
     (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
-/// `make_qx_quants(16, 32, x, L, rmse_type = 1, NULL)`: the sub-block scale and its levels `L` (0..63).
+/// `make_qx_quants(16, 32, x, L, rmse_type = 1, NULL)`: the sub-block scale and its levels `L` (0..63). The
+/// straight port, kept as the reference the 16-lane version is tested against.
+#[cfg(test)]
 fn make_qx_quants_16(x: &[f32], l_out: &mut [i8]) -> f32 {
     const NMAX: i32 = 32;
     let (mut max, mut amax) = (0f32, 0f32);
@@ -257,6 +259,88 @@ fn make_qx_quants_16(x: &[f32], l_out: &mut [i8]) -> f32 {
     scale
 }
 
+/// [`make_qx_quants_16`] on the 16 sub-blocks of a q6_K super-block at once, one sub-block per SIMD lane:
+/// each lane runs exactly the scalar sequence (same products, sums in the same order, same candidate test),
+/// so the result is the same bits — checked against the scalar function in the tests.
+#[inline(always)]
+fn make_qx_quants_16x16(b: &[f32], l_out: &mut [i8; QK_K], scales: &mut [f32; 16]) {
+    const NMAX: i32 = 32;
+    // xt[i][k] = element i of sub-block k.
+    let mut xt = [[0f32; 16]; 16];
+    for k in 0..16 {
+        for i in 0..16 {
+            xt[i][k] = b[16 * k + i];
+        }
+    }
+    let (mut max, mut amax) = ([0f32; 16], [0f32; 16]);
+    for row in &xt {
+        for k in 0..16 {
+            let ax = row[k].abs();
+            if ax > amax[k] {
+                amax[k] = ax;
+                max[k] = row[k];
+            }
+        }
+    }
+    let sums = |iscale: &[f32; 16]| {
+        let (mut sumlx, mut suml2) = ([0f32; 16], [0f32; 16]);
+        for row in &xt {
+            for k in 0..16 {
+                let v = row[k];
+                let l = nearest_int(iscale[k] * v).clamp(-NMAX, NMAX - 1) as f32;
+                let w = v * v;
+                sumlx[k] += w * v * l;
+                suml2[k] += w * l * l;
+            }
+        }
+        (sumlx, suml2)
+    };
+    let mut iscale = [0f32; 16];
+    for k in 0..16 {
+        iscale[k] = -(NMAX as f32) / max[k];
+    }
+    let (sumlx, suml2) = sums(&iscale);
+    let mut best_is = iscale;
+    let (mut scale, mut best) = ([0f32; 16], [0f32; 16]);
+    for k in 0..16 {
+        scale[k] = if suml2[k] != 0.0 { sumlx[k] / suml2[k] } else { 0.0 };
+        best[k] = scale[k] * sumlx[k];
+    }
+    for is in -9i32..=9 {
+        if is == 0 {
+            continue;
+        }
+        for k in 0..16 {
+            iscale[k] = -(NMAX as f32 + 0.1f32 * is as f32) / max[k];
+        }
+        let (sumlx, suml2) = sums(&iscale);
+        for k in 0..16 {
+            if suml2[k] > 0.0 && sumlx[k] * sumlx[k] > best[k] * suml2[k] {
+                best_is[k] = iscale[k];
+                scale[k] = sumlx[k] / suml2[k];
+                best[k] = scale[k] * sumlx[k];
+            }
+        }
+    }
+    for k in 0..16 {
+        let zero = amax[k] < 1e-15;
+        scales[k] = if zero { 0.0 } else { scale[k] };
+        for i in 0..16 {
+            l_out[16 * k + i] = if zero {
+                0
+            } else {
+                (nearest_int(best_is[k] * xt[i][k]).clamp(-NMAX, NMAX - 1) + NMAX) as i8
+            };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn make_qx_quants_16x16_avx2(b: &[f32], l_out: &mut [i8; QK_K], scales: &mut [f32; 16]) {
+    make_qx_quants_16x16(b, l_out, scales)
+}
+
 /// `quantize_row_q6_K_ref`.
 pub fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
     if x.len() % QK_K != 0 {
@@ -266,13 +350,22 @@ pub fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
         ));
     }
     check_finite(x)?;
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
     for b in x.chunks_exact(QK_K) {
         let mut l = [0i8; QK_K];
         let mut scales = [0f32; QK_K / 16];
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // No FMA in this function either: lanes, not a different arithmetic.
+            unsafe { make_qx_quants_16x16_avx2(b, &mut l, &mut scales) }
+        } else {
+            make_qx_quants_16x16(b, &mut l, &mut scales)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        make_qx_quants_16x16(b, &mut l, &mut scales);
         let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
-        for ib in 0..QK_K / 16 {
-            let s = make_qx_quants_16(&b[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
-            scales[ib] = s;
+        for &s in &scales {
             if s.abs() > max_abs_scale {
                 max_abs_scale = s.abs();
                 max_scale = s;
@@ -481,6 +574,36 @@ pub fn to_f32_into(b: &[u8], bf16: bool, out: &mut Vec<f32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn q6_k_lanes_equal_the_scalar_make_qx_quants() {
+        let mut rng: u32 = 12345;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 17;
+            rng ^= rng << 5;
+            rng as f32 / u32::MAX as f32 - 0.5
+        };
+        for case in 0..200 {
+            let mut b: Vec<f32> = (0..QK_K)
+                .map(|i| next() * 10f32.powi((i / 16 + case) as i32 % 9 - 4))
+                .collect();
+            if case % 7 == 0 {
+                b[16..32].fill(0.0);
+            }
+            if case % 5 == 0 {
+                b[40] = -1e3;
+            }
+            let (mut l, mut s) = ([0i8; QK_K], [0f32; 16]);
+            make_qx_quants_16x16(&b, &mut l, &mut s);
+            for k in 0..16 {
+                let mut lk = [0i8; 16];
+                let sk = make_qx_quants_16(&b[16 * k..16 * k + 16], &mut lk);
+                assert_eq!(sk.to_bits(), s[k].to_bits(), "case {case} sub-block {k}");
+                assert_eq!(&lk[..], &l[16 * k..16 * k + 16], "case {case} sub-block {k}");
+            }
+        }
+    }
 
     #[test]
     fn q4_0_hand_block() {
