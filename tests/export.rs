@@ -600,7 +600,7 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
     let m = "tests/fixtures/tiny-gemma4";
     let exp = t.path().join("exp");
     // Prompt tokens only (no greedy continuation), so both sides see exactly the same token sequences.
-    let (_, enc, _) = calibrate_quantize(t.path(), 6, 128, 0);
+    let (st, enc, _) = calibrate_quantize(t.path(), 6, 128, 0);
     export_ok(&[
         "--context",
         "128",
@@ -626,7 +626,7 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
     let rep = t.path().join("aimet.json");
     let o = Command::new("python3")
         .arg(root().join("tests/judges/aimet_graph.py"))
-        .args([&exp, &enc, &tj, &rep])
+        .args([&exp, &enc, &tj, &rep, &st])
         .output()
         .unwrap();
     assert!(
@@ -654,6 +654,24 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
         "{r}"
     );
     eprintln!("params {p}\nactivations {a}");
+    // AIMET given hexq's observed range of every activation (and the weights) instead of its own forward
+    // passes: its encoding rules alone — placement, ties, symmetry, minimum scale, rounding — against hexq's.
+    // Every encoding within 1 LSB; what separates the forward-pass figures below is the engines' f32.
+    let s = &r["same_ranges"];
+    eprintln!(
+        "same ranges: {} of {} within 1 LSB (activations {}, params {})",
+        s["within_1_lsb"], s["compared"], s["activations"], s["params"]
+    );
+    assert_eq!(
+        s["activations_without_hexq_range"],
+        serde_json::json!([]),
+        "{s}"
+    );
+    assert_eq!(s["bitwidth_mismatch"], serde_json::json!([]), "{s}");
+    assert_eq!(s["aimet_only"], serde_json::json!([]), "{s}");
+    assert!(s["activations"]["compared"].as_u64().unwrap() >= 880, "{s}");
+    assert_eq!(s["params"]["compared"], p["compared"], "{s}");
+    assert_eq!(s["within_1_lsb"], s["compared"], "{s}");
     assert_eq!(r["bitwidth_mismatch"], serde_json::json!([]), "{r}");
     assert_eq!(r["aimet_only"], serde_json::json!([]), "{r}");
     // Parameters (per-channel int8 MatMul weights, 16-bit constants) depend on the weights alone: every

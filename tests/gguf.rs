@@ -247,13 +247,20 @@ fn q4_0_q8_0_q6_k_blocks_equal_the_reference_quantizers() {
         for (name, _) in &cases {
             for ty in ["q4_0", "q8_0", "q6_K"] {
                 if r[name].get(ty).is_some() {
-                    assert_eq!(r[name][ty], true, "{name}: {ty} differs from ggml: {}", r[name]);
+                    assert_eq!(
+                        r[name][ty], true,
+                        "{name}: {ty} differs from ggml: {}",
+                        r[name]
+                    );
                     q6 += (ty == "q6_K") as usize;
                 }
             }
         }
         assert!(q6 >= 10, "q6_K judged on {q6} tensors: {r}");
-        eprintln!("ggml (libggml-base) agrees on q4_0/q8_0 for {} tensors, q6_K for {q6}", cases.len());
+        eprintln!(
+            "ggml (libggml-base) agrees on q4_0/q8_0 for {} tensors, q6_K for {q6}",
+            cases.len()
+        );
     }
     // NaN and infinities are refused with an error, not written.
     let mut bad = vec![0f32; 32];

@@ -695,9 +695,7 @@ pub fn write_gguf(
                             a = b;
                             continue;
                         }
-                        if p.ty.is_block()
-                            && info.dtype == hexq_model::weights::DType::BF16
-                        {
+                        if p.ty.is_block() && info.dtype == hexq_model::weights::DType::BF16 {
                             ggml::encode_bf16_into(p.ty, chunk, row, &mut obuf)
                                 .map_err(|m| Error::Msg(format!("{name}: {m}")))?;
                             w.write_all(&obuf).map_err(|e| Error::io(&tmp, e))?;

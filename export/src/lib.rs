@@ -170,8 +170,13 @@ fn sha256_par(files: &[std::path::PathBuf]) -> Result<Vec<String>> {
         .collect()
 }
 
-/// Every regular file under `dir` (relative paths, sorted), hashed; `skip` names are left out.
-pub fn hash_tree(dir: &Path, skip: &[&str]) -> Result<Vec<FileEntry>> {
+/// Every regular file under `dir` (relative paths, sorted), hashed; `skip` names are left out, and files in
+/// `known` (relative path → SHA256 computed while writing them) are not read again.
+pub fn hash_tree(
+    dir: &Path,
+    skip: &[&str],
+    known: &std::collections::BTreeMap<String, String>,
+) -> Result<Vec<FileEntry>> {
     fn walk(base: &Path, d: &Path, out: &mut Vec<std::path::PathBuf>) -> Result<()> {
         for e in std::fs::read_dir(d).map_err(|e| Error::io(d, e))? {
             let p = e.map_err(|e| Error::io(d, e))?.path();
@@ -188,7 +193,21 @@ pub fn hash_tree(dir: &Path, skip: &[&str]) -> Result<Vec<FileEntry>> {
     ps.sort();
     ps.retain(|p| !skip.contains(&p.to_string_lossy().as_ref()));
     let full: Vec<_> = ps.iter().map(|p| dir.join(p)).collect();
-    let hashes = sha256_par(&full)?;
+    let rel: Vec<String> = ps.iter().map(|p| p.to_string_lossy().to_string()).collect();
+    let todo: Vec<_> = full
+        .iter()
+        .zip(&rel)
+        .filter(|(_, r)| !known.contains_key(*r))
+        .map(|(f, _)| f.clone())
+        .collect();
+    let mut fresh = sha256_par(&todo)?.into_iter();
+    let hashes: Vec<String> = rel
+        .iter()
+        .map(|r| match known.get(r) {
+            Some(h) => h.clone(),
+            None => fresh.next().unwrap(),
+        })
+        .collect();
     ps.iter()
         .zip(full.iter().zip(hashes))
         .map(|(p, (f, sha256))| {
@@ -307,19 +326,30 @@ pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Va
         write_json(&dir.join(format!("{}.encodings.json", o.variant)), e)?;
     }
     write_json(&dir.join("io-contract.json"), &io_contract_json(&g, enc))?;
+    let mut known: std::collections::BTreeMap<String, String> = files
+        .iter()
+        .filter_map(|(f, h)| Some((f.clone(), h.clone()?)))
+        .collect();
     if let Some(h) = o.host {
         let noop = |_: u64| {};
-        host::write_host_model(ck, &dir.join("host-model"), h, o.progress.unwrap_or(&noop))?;
+        let hm =
+            host::write_host_model(ck, &dir.join("host-model"), h, o.progress.unwrap_or(&noop))?;
+        for t in &hm.tensors {
+            known.insert(format!("host-model/{}", t.file), t.sha256.clone());
+            if let Some(s) = &t.scales {
+                known.insert(format!("host-model/{}", s.file), s.sha256.clone());
+            }
+        }
     }
     let manifest = json!({
         "hexq_version": env!("CARGO_PKG_VERSION"),
         "command": o.command,
         "variant": o.variant,
         "graph": {"name": g.name, "sha256": g.content_hash(), "context": o.graph.context, "seq": o.graph.seq,
-                  "onnx": files[0], "qdq": o.qdq, "weights": format!("{:?}", o.weights).to_lowercase()},
+                  "onnx": files[0].0, "qdq": o.qdq, "weights": format!("{:?}", o.weights).to_lowercase()},
         "encodings": enc.map(|e| e.hexq.clone()),
         "source": {"dir": ck.dir.display().to_string(), "sha256": source_hashes(ck)?},
-        "files": hash_tree(dir, &["manifest.json"])?,
+        "files": hash_tree(dir, &["manifest.json"], &known)?,
     });
     write_json(&dir.join("manifest.json"), &manifest)?;
     Ok(manifest)

@@ -16,6 +16,7 @@ use hexq_model::graph::ir::{DType, Graph, InitSource, Op, OPSET};
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_quantize::{Encoding, Encodings};
 use prost::Message;
+use sha2::Digest;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
@@ -81,6 +82,10 @@ struct DataWriter<'a> {
     files: Vec<String>,
     cur: Option<std::io::BufWriter<std::fs::File>>,
     off: u64,
+    /// SHA256 of the current file as it is written, and of the finished ones (the manifest needs them;
+    /// re-reading gigabytes to hash them was a third of the export).
+    h: sha2::Sha256,
+    sha256: Vec<String>,
 }
 
 impl DataWriter<'_> {
@@ -89,6 +94,8 @@ impl DataWriter<'_> {
             if let Some(mut w) = self.cur.take() {
                 let p = self.dir.join(self.files.last().unwrap());
                 w.flush().map_err(|e| Error::io(&p, e))?;
+                self.sha256
+                    .push(format!("{:x}", std::mem::take(&mut self.h).finalize()));
             }
             let name = if self.files.is_empty() {
                 format!("{}.data", self.stem)
@@ -106,15 +113,18 @@ impl DataWriter<'_> {
         let w = self.cur.as_mut().unwrap();
         let pad = (ALIGN - self.off % ALIGN) % ALIGN;
         let p = self.dir.join(self.files.last().unwrap());
-        w.write_all(&vec![0u8; pad as usize])
-            .map_err(|e| Error::io(&p, e))?;
+        let zeros = vec![0u8; pad as usize];
+        w.write_all(&zeros).map_err(|e| Error::io(&p, e))?;
+        self.h.update(&zeros);
         self.off += pad;
         let at = self.off;
         w.write_all(bytes).map_err(|e| Error::io(&p, e))?;
+        self.h.update(bytes);
         self.off += bytes.len() as u64;
         Ok((self.files.last().unwrap().clone(), at))
     }
-    fn finish(mut self) -> Result<Vec<String>> {
+    /// The files written, with their SHA256.
+    fn finish(mut self) -> Result<Vec<(String, String)>> {
         if let Some(mut w) = self.cur.take() {
             let p = self.dir.join(self.files.last().unwrap());
             w.flush().map_err(|e| Error::io(&p, e))?;
@@ -122,8 +132,9 @@ impl DataWriter<'_> {
                 .map_err(|e| Error::io(&p, e.into_error()))?
                 .sync_all()
                 .map_err(|e| Error::io(&p, e))?;
+            self.sha256.push(format!("{:x}", self.h.finalize()));
         }
-        Ok(self.files)
+        Ok(self.files.into_iter().zip(self.sha256).collect())
     }
 }
 
@@ -207,6 +218,49 @@ fn int_bytes(elem: i32, v: impl Iterator<Item = i64>) -> Vec<u8> {
     }
 }
 
+/// `[r, c]` → `[c, r]`, in 64×64 tiles (a naive column walk misses the cache on every element), rayon over
+/// bands of output rows.
+fn transpose_par(v: &[f32], r: usize, c: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    const T: usize = 64;
+    let mut out = vec![0f32; v.len()];
+    out.par_chunks_mut(T * r)
+        .enumerate()
+        .for_each(|(bi, band)| {
+            let b0 = bi * T;
+            let bn = band.len() / r;
+            for a0 in (0..r).step_by(T) {
+                let an = T.min(r - a0);
+                for b in 0..bn {
+                    let o = &mut band[b * r + a0..b * r + a0 + an];
+                    for (k, x) in o.iter_mut().enumerate() {
+                        *x = v[(a0 + k) * c + b0 + b];
+                    }
+                }
+            }
+        });
+    out
+}
+
+/// f32 values as little-endian f32 or f16 bytes (rayon over chunks).
+fn le_bytes_par(v: &[f32], f16: bool) -> Vec<u8> {
+    use rayon::prelude::*;
+    let w = if f16 { 2 } else { 4 };
+    let mut out = vec![0u8; v.len() * w];
+    out.par_chunks_mut(w << 16)
+        .zip(v.par_chunks(1 << 16))
+        .for_each(|(o, x)| {
+            for (d, &s) in o.chunks_exact_mut(w).zip(x) {
+                if f16 {
+                    d.copy_from_slice(&half::f16::from_f32(s).to_le_bytes());
+                } else {
+                    d.copy_from_slice(&s.to_le_bytes());
+                }
+            }
+        });
+    out
+}
+
 struct Emit<'a> {
     data: DataWriter<'a>,
     inits: Vec<TensorProto>,
@@ -270,13 +324,14 @@ impl Emit<'_> {
     }
 }
 
-/// Write `<dir>/<stem>.onnx` and its `.data` file(s). Returns the files written.
+/// Write `<dir>/<stem>.onnx` and its `.data` file(s). Returns the files written (the .onnx first), each
+/// `.data` file with the SHA256 computed as it was written.
 pub fn write_onnx(
     ck: &Checkpoint,
     g: &Graph,
     dir: &Path,
     o: &ExportOptions,
-) -> Result<Vec<String>> {
+) -> Result<Vec<(String, Option<String>)>> {
     let stem = o.stem.clone().unwrap_or_else(|| g.name.clone());
     let mut em = Emit {
         data: DataWriter {
@@ -285,6 +340,8 @@ pub fn write_onnx(
             files: vec![],
             cur: None,
             off: 0,
+            h: Default::default(),
+            sha256: vec![],
         },
         inits: Vec::new(),
         nodes: Vec::new(),
@@ -322,14 +379,7 @@ pub fn write_onnx(
                 ck.store.release(info);
                 src_bytes = (info.end - info.start) as u64;
                 if *transpose {
-                    let (r, c) = (info.shape[0], info.shape[1]);
-                    let mut out = vec![0f32; v.len()];
-                    for a in 0..r {
-                        for b in 0..c {
-                            out[b * r + a] = v[a * c + b];
-                        }
-                    }
-                    out
+                    transpose_par(&v, info.shape[0], info.shape[1])
                 } else {
                     v
                 }
@@ -371,11 +421,7 @@ pub fn write_onnx(
             );
         } else if o.weights == WeightType::F16 && matches!(i.source, InitSource::Weight { .. }) {
             let h = format!("{}.f16", i.name);
-            let b: Vec<u8> = values
-                .iter()
-                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
-                .collect();
-            em.init(&h, &dims, 10, b)?;
+            em.init(&h, &dims, 10, le_bytes_par(&values, true))?;
             em.node(
                 "Cast",
                 &format!("{}.cast", i.name),
@@ -384,12 +430,7 @@ pub fn write_onnx(
                 vec![attr_i("to", 1)],
             );
         } else {
-            em.init(
-                &i.name,
-                &dims,
-                1,
-                values.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )?;
+            em.init(&i.name, &dims, 1, le_bytes_par(&values, false))?;
         }
         if let Some(p) = o.progress {
             p(src_bytes);
@@ -530,7 +571,7 @@ pub fn write_onnx(
     let mut f = std::fs::File::create(&p).map_err(|e| Error::io(&p, e))?;
     f.write_all(&bytes).map_err(|e| Error::io(&p, e))?;
     f.sync_all().map_err(|e| Error::io(&p, e))?;
-    let mut all = vec![format!("{stem}.onnx")];
-    all.extend(files);
+    let mut all = vec![(format!("{stem}.onnx"), None)];
+    all.extend(files.into_iter().map(|(f, h)| (f, Some(h))));
     Ok(all)
 }

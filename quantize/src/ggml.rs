@@ -303,7 +303,11 @@ fn make_qx_quants_16x16(b: &[f32], l_out: &mut [i8; QK_K], scales: &mut [f32; 16
     let mut best_is = iscale;
     let (mut scale, mut best) = ([0f32; 16], [0f32; 16]);
     for k in 0..16 {
-        scale[k] = if suml2[k] != 0.0 { sumlx[k] / suml2[k] } else { 0.0 };
+        scale[k] = if suml2[k] != 0.0 {
+            sumlx[k] / suml2[k]
+        } else {
+            0.0
+        };
         best[k] = scale[k] * sumlx[k];
     }
     for is in -9i32..=9 {
@@ -600,7 +604,11 @@ mod tests {
                 let mut lk = [0i8; 16];
                 let sk = make_qx_quants_16(&b[16 * k..16 * k + 16], &mut lk);
                 assert_eq!(sk.to_bits(), s[k].to_bits(), "case {case} sub-block {k}");
-                assert_eq!(&lk[..], &l[16 * k..16 * k + 16], "case {case} sub-block {k}");
+                assert_eq!(
+                    &lk[..],
+                    &l[16 * k..16 * k + 16],
+                    "case {case} sub-block {k}"
+                );
             }
         }
     }

@@ -5,7 +5,12 @@ decode loops this script drives itself (host-model/ lookups, present_* fed back 
 chat-formatted token sequences hexq calibrated on; then every quantizer AIMET has is compared with hexq's
 encoding of the same tensor name, in LSBs.
 
-usage: aimet_graph.py EXPORT_DIR HEXQ_ENCODINGS TOKENS_JSON OUT_JSON
+With HEXQ_STATS (hexq's calibration stats of the same graph) a second QuantSim on the same ONNX is given hexq's
+observed range of every activation (and the weights themselves) instead of running forward passes: that
+separates AIMET's encoding rules (quantizer placement, ties, symmetry, minimum scale, rounding) from the two
+engines' f32 forward arithmetic. Reported under "same_ranges".
+
+usage: aimet_graph.py EXPORT_DIR HEXQ_ENCODINGS TOKENS_JSON OUT_JSON [HEXQ_STATS]
   TOKENS_JSON: [[ids of prompt 1], [ids of prompt 2], ...]
 """
 import json
@@ -20,43 +25,36 @@ sys.path.insert(0, str(Path(__file__).parent))
 from ort_qdq import load_host  # noqa: E402
 
 
-def main(exp, hexq_enc, tokens, out):
-    from aimet_onnx.quantsim import QuantizationSimModel
+def same_ranges(model, stats):
+    """AIMET's encodings when every activation quantizer sees exactly hexq's observed [min, max] (tied
+    quantizers share one object, so they see the union, as in a forward pass) and every param quantizer its
+    weight tensor."""
+    from aimet_onnx.quantsim import QuantizationSimModel, compute_encodings
+    from onnx import numpy_helper
 
-    exp = Path(exp)
-    variant = json.loads((exp / "manifest.json").read_text())["variant"]
-    cfg, host = load_host(exp / "host-model")
-    E, esc = host["embed_tokens.weight"]
-    P, psc = host.get("embed_tokens_per_layer.weight", (None, 1))
-    L, Pd = cfg["num_hidden_layers"], cfg.get("hidden_size_per_layer_input") or 0
-    seqs = json.loads(Path(tokens).read_text())
-    model = onnx.load(str(exp / f"{variant}.onnx"))
     sim = QuantizationSimModel(model, param_type="int8", activation_type="int16", quant_scheme="min_max")
-
-    def loops(session):
-        ins_meta = {i.name: i for i in session.get_inputs()}
-        # The sim renames quantized outputs (e.g. "<name>_updated"); they keep the float model's order.
-        names = [o.name for o in model.graph.output]
-        assert len(names) == len(session.get_outputs())
-        for ids in seqs:
-            kv = {n: np.zeros(i.shape, np.float32) for n, i in ins_meta.items() if n.startswith("past_")}
-            for pos, t in enumerate(ids):
-                feeds = {"inputs_embeds": (E[t] * esc)[None, None].astype(np.float32),
-                         "position_ids": np.array([[pos]], np.int32), "cache_position": np.array([pos], np.int32)}
-                if Pd:
-                    feeds["per_layer_inputs"] = (P[t] * psc).reshape(1, 1, L, Pd).astype(np.float32)
-                feeds.update(kv)
-                outs = session.run(None, feeds)
-                for n, v in zip(names, outs):
-                    if n.startswith("present_"):
-                        kv["past_" + n[len("present_"):]] = v
-
-    sim.compute_encodings(loops)
+    inits = {t.name: t for t in model.graph.initializer}
+    missing = []
+    with compute_encodings(sim):
+        for name, q in sim.qc_quantize_op_dict.items():
+            if not q.enabled:
+                continue
+            if name in sim.activation_names and name in stats:
+                r = stats[name]
+                q.update_encoding_stats(np.array([r["min"], r["max"]], np.float32))
+                continue
+            if name in inits:
+                q.update_encoding_stats(np.ascontiguousarray(numpy_helper.to_array(inits[name]), np.float32))
+                continue
+            missing.append(name)
+            q.enabled = False
     d = tempfile.mkdtemp()
     sim.export(d, "judge")
-    ae = json.loads((Path(d) / "judge.encodings").read_text())
+    return json.loads((Path(d) / "judge.encodings").read_text()), missing
+
+
+def compare(ae, ours):
     theirs = {e["name"]: e for e in ae["activation_encodings"] + ae["param_encodings"]}
-    ours = json.loads(Path(hexq_enc).read_text())
     mine = {**ours["activation_encodings"], **ours["param_encodings"]}
     rep = {"aimet_quantizers": len(theirs), "hexq_encodings": len(mine), "compared": 0, "within_1_lsb": 0,
            "bitwidth_mismatch": [], "worst": [], "aimet_only": sorted(set(theirs) - set(mine))[:50],
@@ -110,6 +108,51 @@ def main(exp, hexq_enc, tokens, out):
     rep["worst"] = worst[:10]
     rep["detail"] = {w[1]: w[2] | {"lsb": w[0]} for w in worst}
     rep["failing"] = [w[1] for w in worst if w[0] > 1.0]
+    return rep
+
+
+def main(exp, hexq_enc, tokens, out, hexq_stats=None):
+    from aimet_onnx.quantsim import QuantizationSimModel
+
+    exp = Path(exp)
+    variant = json.loads((exp / "manifest.json").read_text())["variant"]
+    cfg, host = load_host(exp / "host-model")
+    E, esc = host["embed_tokens.weight"]
+    P, psc = host.get("embed_tokens_per_layer.weight", (None, 1))
+    L, Pd = cfg["num_hidden_layers"], cfg.get("hidden_size_per_layer_input") or 0
+    seqs = json.loads(Path(tokens).read_text())
+    model = onnx.load(str(exp / f"{variant}.onnx"))
+    sim = QuantizationSimModel(model, param_type="int8", activation_type="int16", quant_scheme="min_max")
+
+    def loops(session):
+        ins_meta = {i.name: i for i in session.get_inputs()}
+        # The sim renames quantized outputs (e.g. "<name>_updated"); they keep the float model's order.
+        names = [o.name for o in model.graph.output]
+        assert len(names) == len(session.get_outputs())
+        for ids in seqs:
+            kv = {n: np.zeros(i.shape, np.float32) for n, i in ins_meta.items() if n.startswith("past_")}
+            for pos, t in enumerate(ids):
+                feeds = {"inputs_embeds": (E[t] * esc)[None, None].astype(np.float32),
+                         "position_ids": np.array([[pos]], np.int32), "cache_position": np.array([pos], np.int32)}
+                if Pd:
+                    feeds["per_layer_inputs"] = (P[t] * psc).reshape(1, 1, L, Pd).astype(np.float32)
+                feeds.update(kv)
+                outs = session.run(None, feeds)
+                for n, v in zip(names, outs):
+                    if n.startswith("present_"):
+                        kv["past_" + n[len("present_"):]] = v
+
+    sim.compute_encodings(loops)
+    d = tempfile.mkdtemp()
+    sim.export(d, "judge")
+    ours = json.loads(Path(hexq_enc).read_text())
+    rep = compare(json.loads((Path(d) / "judge.encodings").read_text()), ours)
+    if hexq_stats:
+        stats = json.loads(Path(hexq_stats).read_text())["tensors"]
+        ae, missing = same_ranges(onnx.load(str(exp / f"{variant}.onnx")), stats)
+        r = compare(ae, ours)
+        r["activations_without_hexq_range"] = missing
+        rep["same_ranges"] = r
     Path(out).write_text(json.dumps(rep, indent=1))
 
 
