@@ -320,11 +320,18 @@ m = h.make_model(g, opset_imports=[h.make_opsetid('', 21)]); m.ir_version = 10; 
         }
         let p = &r["report"];
         // HTP's int16 kernels (sqrt, softmax's exp, sigmoid) round differently from ONNX's arithmetic by a few
-        // steps per op; through the random fixture's layers that leaves the hidden state ~0.998 of quantsim's.
-        assert!(p["cosine_mean"].as_f64().unwrap() >= 0.995, "{r}");
-        assert!(p["cosine_min"].as_f64().unwrap() >= 0.98, "{r}");
+        // steps per op: measured 0.99998 of quantsim's hidden state (0.999 with int8 KV, where a flip across
+        // an int8 boundary is 1/255 of the K/V range); bounds with margin.
+        let (mean, min, step) = if r["variant"] == "decode_wgqa_int8kv" {
+            (0.998, 0.995, 0.997)
+        } else {
+            assert_eq!(p["top1_agreement"].as_f64().unwrap(), 1.0, "{r}");
+            (0.9999, 0.9995, 0.9995)
+        };
+        assert!(p["cosine_mean"].as_f64().unwrap() >= mean, "{r}");
+        assert!(p["cosine_min"].as_f64().unwrap() >= min, "{r}");
         for c in p["step_cosine_mean"].as_array().unwrap() {
-            assert!(c.as_f64().unwrap() >= 0.99, "{r}");
+            assert!(c.as_f64().unwrap() >= step, "{r}");
         }
         assert!(!p["collapsed"].as_bool().unwrap(), "{r}");
         assert_eq!(r["contexts_created"], 1);
