@@ -13,8 +13,6 @@ use hexq_model::weights::{to_f32, DType as SDType};
 use hexq_model::{Checkpoint, Error, Result};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-use std::io::Write;
 use std::path::Path;
 
 /// Checkpoint files the host needs beside the tensors (those that exist are copied).
@@ -44,42 +42,22 @@ fn sdtype_name(d: SDType) -> &'static str {
     }
 }
 
-/// A file written and hashed as it streams.
-struct Hashed {
-    w: std::io::BufWriter<std::fs::File>,
-    h: Sha256,
-    n: u64,
-    path: std::path::PathBuf,
-}
+/// A file written and hashed as it streams (page cache bypassed: see `HashedFile`).
+struct Hashed(hexq_model::fsutil::HashedFile);
 
 impl Hashed {
     fn create(p: &Path) -> Result<Self> {
-        Ok(Hashed {
-            w: std::io::BufWriter::with_capacity(
-                8 << 20,
-                std::fs::File::create(p).map_err(|e| Error::io(p, e))?,
-            ),
-            h: Sha256::new(),
-            n: 0,
-            path: p.to_path_buf(),
-        })
+        Ok(Hashed(hexq_model::fsutil::HashedFile::create(p)?))
     }
     fn put(&mut self, b: &[u8]) -> Result<()> {
-        self.w.write_all(b).map_err(|e| Error::io(&self.path, e))?;
-        self.h.update(b);
-        self.n += b.len() as u64;
-        Ok(())
+        self.0.put(b)
     }
     fn finish(self, name: &str) -> Result<HostFile> {
-        let f = self
-            .w
-            .into_inner()
-            .map_err(|e| Error::io(&self.path, e.into_error()))?;
-        f.sync_all().map_err(|e| Error::io(&self.path, e))?;
+        let (bytes, sha256) = self.0.finish()?;
         Ok(HostFile {
             file: name.into(),
-            bytes: self.n,
-            sha256: format!("{:x}", self.h.finalize()),
+            bytes,
+            sha256,
         })
     }
 }

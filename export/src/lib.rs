@@ -311,17 +311,37 @@ pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Va
         check_encodings(&g, e, int8kv, p)?;
     }
     let enc = o.encodings.as_ref().map(|(_, e)| e);
-    let files = onnx::write_onnx(
-        ck,
-        &g,
-        dir,
-        &onnx::ExportOptions {
-            stem: Some(o.variant.clone()),
-            weights: o.weights,
-            qdq: if o.qdq { enc } else { None },
-            progress: o.progress,
-        },
-    )?;
+    // Three independent streams at once — the graph's weights, the host-model copy, the source hashes: each
+    // is a chain of kernel copies and SHA256 that one core would run back to back, and from a cold cache
+    // they share one read of the checkpoint.
+    let noop = |_: u64| {};
+    let (files, hm, src_hashes) = std::thread::scope(|sc| {
+        let host = o.host.map(|h| {
+            sc.spawn(move || {
+                host::write_host_model(ck, &dir.join("host-model"), h, o.progress.unwrap_or(&noop))
+            })
+        });
+        let src = sc.spawn(|| source_hashes(ck));
+        let files = onnx::write_onnx(
+            ck,
+            &g,
+            dir,
+            &onnx::ExportOptions {
+                stem: Some(o.variant.clone()),
+                weights: o.weights,
+                qdq: if o.qdq { enc } else { None },
+                progress: o.progress,
+            },
+        );
+        let panicked = || Error::Msg("export worker panicked".into());
+        (
+            files,
+            host.map(|h| h.join().unwrap_or_else(|_| Err(panicked()))),
+            src.join().unwrap_or_else(|_| Err(panicked())),
+        )
+    });
+    let (files, src_hashes) = (files?, src_hashes?);
+    let hm = hm.transpose()?;
     if let Some(e) = enc {
         write_json(&dir.join(format!("{}.encodings.json", o.variant)), e)?;
     }
@@ -330,10 +350,7 @@ pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Va
         .iter()
         .filter_map(|(f, h)| Some((f.clone(), h.clone()?)))
         .collect();
-    if let Some(h) = o.host {
-        let noop = |_: u64| {};
-        let hm =
-            host::write_host_model(ck, &dir.join("host-model"), h, o.progress.unwrap_or(&noop))?;
+    if let Some(hm) = hm {
         for t in &hm.tensors {
             known.insert(format!("host-model/{}", t.file), t.sha256.clone());
             if let Some(s) = &t.scales {
@@ -348,7 +365,7 @@ pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Va
         "graph": {"name": g.name, "sha256": g.content_hash(), "context": o.graph.context, "seq": o.graph.seq,
                   "onnx": files[0].0, "qdq": o.qdq, "weights": format!("{:?}", o.weights).to_lowercase()},
         "encodings": enc.map(|e| e.hexq.clone()),
-        "source": {"dir": ck.dir.display().to_string(), "sha256": source_hashes(ck)?},
+        "source": {"dir": ck.dir.display().to_string(), "sha256": src_hashes},
         "files": hash_tree(dir, &["manifest.json"], &known)?,
     });
     write_json(&dir.join("manifest.json"), &manifest)?;

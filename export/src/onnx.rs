@@ -16,7 +16,6 @@ use hexq_model::graph::ir::{DType, Graph, InitSource, Op, OPSET};
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_quantize::{Encoding, Encodings};
 use prost::Message;
-use sha2::Digest;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
@@ -80,22 +79,18 @@ struct DataWriter<'a> {
     dir: &'a Path,
     stem: String,
     files: Vec<String>,
-    cur: Option<std::io::BufWriter<std::fs::File>>,
+    /// The current file, hashed as it is written (the manifest needs the SHA256s; re-reading gigabytes to
+    /// hash them was a third of the export), and the hashes of the finished ones.
+    cur: Option<hexq_model::fsutil::HashedFile>,
     off: u64,
-    /// SHA256 of the current file as it is written, and of the finished ones (the manifest needs them;
-    /// re-reading gigabytes to hash them was a third of the export).
-    h: sha2::Sha256,
     sha256: Vec<String>,
 }
 
 impl DataWriter<'_> {
     fn put(&mut self, bytes: &[u8]) -> Result<(String, u64)> {
         if self.cur.is_none() || (self.off > 0 && self.off + bytes.len() as u64 > MAX_DATA_FILE) {
-            if let Some(mut w) = self.cur.take() {
-                let p = self.dir.join(self.files.last().unwrap());
-                w.flush().map_err(|e| Error::io(&p, e))?;
-                self.sha256
-                    .push(format!("{:x}", std::mem::take(&mut self.h).finalize()));
+            if let Some(w) = self.cur.take() {
+                self.sha256.push(w.finish()?.1);
             }
             let name = if self.files.is_empty() {
                 format!("{}.data", self.stem)
@@ -103,36 +98,23 @@ impl DataWriter<'_> {
                 format!("{}.{}.data", self.stem, self.files.len())
             };
             let p = self.dir.join(&name);
-            self.cur = Some(std::io::BufWriter::with_capacity(
-                8 << 20,
-                std::fs::File::create(&p).map_err(|e| Error::io(&p, e))?,
-            ));
+            self.cur = Some(hexq_model::fsutil::HashedFile::create(&p)?);
             self.files.push(name);
             self.off = 0;
         }
         let w = self.cur.as_mut().unwrap();
         let pad = (ALIGN - self.off % ALIGN) % ALIGN;
-        let p = self.dir.join(self.files.last().unwrap());
-        let zeros = vec![0u8; pad as usize];
-        w.write_all(&zeros).map_err(|e| Error::io(&p, e))?;
-        self.h.update(&zeros);
+        w.put(&vec![0u8; pad as usize])?;
         self.off += pad;
         let at = self.off;
-        w.write_all(bytes).map_err(|e| Error::io(&p, e))?;
-        self.h.update(bytes);
+        w.put(bytes)?;
         self.off += bytes.len() as u64;
         Ok((self.files.last().unwrap().clone(), at))
     }
     /// The files written, with their SHA256.
     fn finish(mut self) -> Result<Vec<(String, String)>> {
-        if let Some(mut w) = self.cur.take() {
-            let p = self.dir.join(self.files.last().unwrap());
-            w.flush().map_err(|e| Error::io(&p, e))?;
-            w.into_inner()
-                .map_err(|e| Error::io(&p, e.into_error()))?
-                .sync_all()
-                .map_err(|e| Error::io(&p, e))?;
-            self.sha256.push(format!("{:x}", self.h.finalize()));
+        if let Some(w) = self.cur.take() {
+            self.sha256.push(w.finish()?.1);
         }
         Ok(self.files.into_iter().zip(self.sha256).collect())
     }
@@ -218,12 +200,16 @@ fn int_bytes(elem: i32, v: impl Iterator<Item = i64>) -> Vec<u8> {
     }
 }
 
-/// `[r, c]` → `[c, r]`, in 64×64 tiles (a naive column walk misses the cache on every element), rayon over
-/// bands of output rows.
-fn transpose_par(v: &[f32], r: usize, c: usize) -> Vec<f32> {
+/// `[r, c]` → `[c, r]` into a reused buffer, in 64×64 tiles (a naive column walk misses the cache on every
+/// element), rayon over bands of output rows.
+fn transpose_into(v: &[f32], r: usize, c: usize, out: &mut Vec<f32>) {
     use rayon::prelude::*;
     const T: usize = 64;
-    let mut out = vec![0f32; v.len()];
+    if out.len() < v.len() {
+        out.resize(v.len(), 0.0);
+    } else {
+        out.truncate(v.len());
+    }
     out.par_chunks_mut(T * r)
         .enumerate()
         .for_each(|(bi, band)| {
@@ -239,7 +225,18 @@ fn transpose_par(v: &[f32], r: usize, c: usize) -> Vec<f32> {
                 }
             }
         });
-    out
+}
+
+/// f32 values as little-endian f32 bytes: the values themselves on a little-endian machine.
+fn f32_le(v: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: f32 has no padding and every byte pattern is a valid u8; the length is exact.
+        std::borrow::Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v))
+        })
+    } else {
+        std::borrow::Cow::Owned(le_bytes_par(v, false))
+    }
 }
 
 /// f32 values as little-endian f32 or f16 bytes (rayon over chunks).
@@ -269,7 +266,14 @@ struct Emit<'a> {
 
 impl Emit<'_> {
     /// An initializer; external when large.
-    fn init(&mut self, name: &str, dims: &[i64], data_type: i32, bytes: Vec<u8>) -> Result<()> {
+    fn init(
+        &mut self,
+        name: &str,
+        dims: &[i64],
+        data_type: i32,
+        bytes: impl AsRef<[u8]>,
+    ) -> Result<()> {
+        let bytes = bytes.as_ref();
         let mut t = TensorProto {
             dims: dims.to_vec(),
             data_type,
@@ -277,10 +281,10 @@ impl Emit<'_> {
             ..Default::default()
         };
         if bytes.len() >= EXTERNAL_MIN_BYTES {
-            let (f, off) = self.data.put(&bytes)?;
+            let (f, off) = self.data.put(bytes)?;
             external(&mut t, &f, off, bytes.len());
         } else {
-            t.raw_data = bytes;
+            t.raw_data = bytes.to_vec();
         }
         self.inits.push(t);
         Ok(())
@@ -340,7 +344,6 @@ pub fn write_onnx(
             files: vec![],
             cur: None,
             off: 0,
-            h: Default::default(),
             sha256: vec![],
         },
         inits: Vec::new(),
@@ -359,29 +362,32 @@ pub fn write_onnx(
         ),
         None => (HashMap::new(), HashMap::new()),
     };
+    // Reused across weights: converting into fresh vectors faulted in and zeroed ~15 GB of pages.
+    let (mut fbuf, mut tbuf): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
     for i in &g.initializers {
         let dims: Vec<i64> = i.ty.shape.iter().map(|&d| d as i64).collect();
         let mut src_bytes = 0u64;
-        let values: Vec<f32> = match &i.source {
+        let values: &[f32] = match &i.source {
             InitSource::I64(v) => {
                 em.init(
                     &i.name,
                     &dims,
                     7,
-                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
                 )?;
                 continue;
             }
-            InitSource::F32(v) => v.clone(),
+            InitSource::F32(v) => v,
             InitSource::Weight { tensor, transpose } => {
                 let info = ck.info(tensor)?;
-                let v = ck.store.to_f32(info);
+                hexq_model::weights::to_f32_into(ck.store.bytes(info), info.dtype, &mut fbuf);
                 ck.store.release(info);
                 src_bytes = (info.end - info.start) as u64;
                 if *transpose {
-                    transpose_par(&v, info.shape[0], info.shape[1])
+                    transpose_into(&fbuf, info.shape[0], info.shape[1], &mut tbuf);
+                    &tbuf
                 } else {
-                    v
+                    &fbuf
                 }
             }
         };
@@ -421,7 +427,7 @@ pub fn write_onnx(
             );
         } else if o.weights == WeightType::F16 && matches!(i.source, InitSource::Weight { .. }) {
             let h = format!("{}.f16", i.name);
-            em.init(&h, &dims, 10, le_bytes_par(&values, true))?;
+            em.init(&h, &dims, 10, le_bytes_par(values, true))?;
             em.node(
                 "Cast",
                 &format!("{}.cast", i.name),
@@ -430,7 +436,7 @@ pub fn write_onnx(
                 vec![attr_i("to", 1)],
             );
         } else {
-            em.init(&i.name, &dims, 1, le_bytes_par(&values, false))?;
+            em.init(&i.name, &dims, 1, f32_le(values))?;
         }
         if let Some(p) = o.progress {
             p(src_bytes);
@@ -479,7 +485,7 @@ pub fn write_onnx(
                     &name,
                     &[v.len() as i64],
                     7,
-                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
                 )?;
                 inputs.push(name);
                 Ok(())

@@ -109,3 +109,152 @@ pub fn sha256_file(p: &Path) -> Result<String> {
     }
     Ok(format!("{:x}", h.finalize()))
 }
+
+/// A write-once output file, hashed (SHA256) as it is written, that bypasses the page cache (`O_DIRECT`):
+/// exports write gigabytes that nothing reads back soon, and on this class of machine the buffered path —
+/// a kernel copy into freshly allocated cache pages, then reclaim of the source's pages — cost more CPU than
+/// everything else the exporter does (measured: 20 s of 44 s sys for 12.7 GB). Data goes through one
+/// 4 KiB-aligned 8 MiB buffer; the tail is padded to a block and the file truncated to its length. Where
+/// the filesystem refuses `O_DIRECT` (tmpfs) — or with `HEXQ_BUFFERED_IO=1` — it is an ordinary file.
+pub struct HashedFile {
+    f: std::fs::File,
+    path: PathBuf,
+    buf: AlignedBuf,
+    fill: usize,
+    flushed: u64,
+    direct: bool,
+    h: sha2::Sha256,
+}
+
+const BLOCK: usize = 4096;
+const BUF: usize = 8 << 20;
+
+struct AlignedBuf(*mut u8);
+// SAFETY: the buffer is owned uniquely by its HashedFile.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    fn layout() -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(BUF, BLOCK).unwrap()
+    }
+    fn new() -> Self {
+        // SAFETY: non-zero size; null is handled.
+        let p = unsafe { std::alloc::alloc_zeroed(Self::layout()) };
+        if p.is_null() {
+            std::alloc::handle_alloc_error(Self::layout());
+        }
+        AlignedBuf(p)
+    }
+    fn slice(&mut self) -> &mut [u8] {
+        // SAFETY: BUF bytes allocated in `new`, exclusively borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.0, BUF) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with the same layout.
+        unsafe { std::alloc::dealloc(self.0, Self::layout()) }
+    }
+}
+
+impl HashedFile {
+    pub fn create(p: &Path) -> Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let open = |flags: i32| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(flags)
+                .open(p)
+        };
+        let want = std::env::var_os("HEXQ_BUFFERED_IO").is_none();
+        let (f, direct) = match want.then(|| open(libc::O_DIRECT)) {
+            Some(Ok(f)) => (f, true),
+            Some(Err(e)) if e.raw_os_error() != Some(libc::EINVAL) => return Err(Error::io(p, e)),
+            _ => (open(0).map_err(|e| Error::io(p, e))?, false),
+        };
+        Ok(HashedFile {
+            f,
+            path: p.to_path_buf(),
+            buf: AlignedBuf::new(),
+            fill: 0,
+            flushed: 0,
+            direct,
+            h: Default::default(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> u64 {
+        self.flushed + self.fill as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn put(&mut self, mut b: &[u8]) -> Result<()> {
+        use sha2::Digest;
+        self.h.update(b);
+        while !b.is_empty() {
+            let n = (BUF - self.fill).min(b.len());
+            let fill = self.fill;
+            self.buf.slice()[fill..fill + n].copy_from_slice(&b[..n]);
+            self.fill += n;
+            b = &b[n..];
+            if self.fill == BUF {
+                self.write_buf(BUF)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_buf(&mut self, n: usize) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let at = self.flushed;
+        let data = &self.buf.slice()[..n];
+        self.f
+            .write_all_at(data, at)
+            .map_err(|e| Error::io(&self.path, e))?;
+        self.flushed += n as u64;
+        self.fill = 0;
+        Ok(())
+    }
+
+    /// Write the tail, fix the length, sync. Returns (bytes, SHA256 hex).
+    pub fn finish(mut self) -> Result<(u64, String)> {
+        use sha2::Digest;
+        let len = self.len();
+        if self.fill > 0 {
+            let n = if self.direct {
+                self.fill.div_ceil(BLOCK) * BLOCK
+            } else {
+                self.fill
+            };
+            let fill = self.fill;
+            self.buf.slice()[fill..n].fill(0);
+            self.write_buf(n)?;
+        }
+        if self.direct {
+            self.f.set_len(len).map_err(|e| Error::io(&self.path, e))?;
+        }
+        self.f.sync_all().map_err(|e| Error::io(&self.path, e))?;
+        Ok((len, format!("{:x}", std::mem::take(&mut self.h).finalize())))
+    }
+}
+
+impl std::io::Write for HashedFile {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.put(b).map_err(std::io::Error::other)?;
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

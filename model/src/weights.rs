@@ -208,8 +208,19 @@ impl SafetensorsStore {
 
 /// Convert little-endian storage bytes to f32 (parallel; used on whole weight matrices).
 pub fn to_f32(b: &[u8], dt: DType) -> Vec<f32> {
+    let mut out = Vec::new();
+    to_f32_into(b, dt, &mut out);
+    out
+}
+
+/// [`to_f32`] into a reused buffer (streaming writers: no fresh pages to fault in and zero per tensor).
+pub fn to_f32_into(b: &[u8], dt: DType, out: &mut Vec<f32>) {
     let n = b.len() / dt.size();
-    let mut out = vec![0f32; n];
+    if out.len() < n {
+        out.resize(n, 0.0);
+    } else {
+        out.truncate(n);
+    }
     const CH: usize = 1 << 16;
     match dt {
         DType::F32 => out.par_chunks_mut(CH).enumerate().for_each(|(ci, o)| {
@@ -231,7 +242,6 @@ pub fn to_f32(b: &[u8], dt: DType) -> Vec<f32> {
             }
         }),
     }
-    out
 }
 
 /// Parse and validate a safetensors header: 8-byte LE length, JSON, tensors tiling the data area.
