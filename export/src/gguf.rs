@@ -10,7 +10,7 @@
 use hexq_model::names;
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_quantize::ggml::{self, GgmlType};
-use std::io::{Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::Path;
 
 pub const ALIGN: u64 = 32;
@@ -556,23 +556,6 @@ pub fn metadata(ck: &Checkpoint, ft: FileType, plan: &[Plan]) -> Result<Vec<(Str
 }
 
 /// Writes through and hashes what it writes (the manifest's SHA256 without re-reading the file).
-struct HashW<W: Write> {
-    w: W,
-    h: sha2::Sha256,
-}
-
-impl<W: Write> Write for HashW<W> {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        use sha2::Digest;
-        let n = self.w.write(b)?;
-        self.h.update(&b[..n]);
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.w.flush()
-    }
-}
-
 /// Values of one planned tensor as f32 (checkpoint bytes, or the generated rope_freqs).
 fn values(ck: &Checkpoint, p: &Plan) -> Result<Vec<f32>> {
     match &p.hf {
@@ -634,14 +617,8 @@ pub fn write_gguf(
         std::process::id()
     ));
     let res = (|| -> Result<String> {
-        let f = std::fs::File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        let mut w = std::io::BufWriter::with_capacity(
-            8 << 20,
-            HashW {
-                w: f,
-                h: <sha2::Sha256 as sha2::Digest>::new(),
-            },
-        );
+        // Hashed as written, page cache bypassed (O_DIRECT; see HashedFile).
+        let mut w = hexq_model::fsutil::HashedFile::create(&tmp)?;
         w.write_all(&head).map_err(|e| Error::io(&tmp, e))?;
         let mut written = 0u64;
         // Reused across chunks and tensors.
@@ -725,18 +702,10 @@ pub fn write_gguf(
                 .map_err(|e| Error::io(&tmp, e))?;
             written += pad;
         }
-        let hw = w
-            .into_inner()
-            .map_err(|e| Error::io(&tmp, e.into_error()))?;
-        let HashW { w: mut f, h } = hw;
-        f.flush().map_err(|e| Error::io(&tmp, e))?;
-        let end = f
-            .seek(SeekFrom::Current(0))
-            .map_err(|e| Error::io(&tmp, e))?;
+        let (end, sha) = w.finish()?;
         debug_assert_eq!(end, head.len() as u64 + written);
-        f.sync_all().map_err(|e| Error::io(&tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-        Ok(format!("{:x}", sha2::Digest::finalize(h)))
+        Ok(sha)
     })();
     if res.is_err() {
         let _ = std::fs::remove_file(&tmp);
