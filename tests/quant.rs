@@ -56,21 +56,18 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
     );
     assert!(s["tensors"]["hidden_states"]["count"].as_u64().unwrap() > 0);
     assert_eq!(s["model_sha256"].as_str().unwrap().len(), 64);
-    // Encodings, plain and int8-KV.
-    let enc = t.path().join("enc.json");
-    ok(&hexq(
-        &[
-            "quantize",
-            "--model",
-            MODEL,
-            "--stats",
-            st.to_str().unwrap(),
-            "--out",
-            enc.to_str().unwrap(),
-        ],
-        &[],
-    ));
-    let e: Value = serde_json::from_str(&std::fs::read_to_string(&enc).unwrap()).unwrap();
+    // Encodings, plain and int8-KV: `hexq quantize` on these stats with `extra` flags.
+    let quantize = |extra: &[&str], name: &str| -> (std::path::PathBuf, Value) {
+        let p = t.path().join(name);
+        let (sp, pp) = (st.to_str().unwrap(), p.to_str().unwrap().to_string());
+        let mut a = vec!["quantize", "--model", MODEL, "--stats", sp];
+        a.extend(extra);
+        a.extend(["--out", pp.as_str()]);
+        ok(&hexq(&a, &[]));
+        let v = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        (p, v)
+    };
+    let (enc, e) = quantize(&[], "enc.json");
     let a = &e["activation_encodings"]["hidden_states"][0];
     assert_eq!(a["bitwidth"], 16);
     assert_eq!(a["is_symmetric"], "False");
@@ -107,38 +104,10 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
             .filter(|k| k.ends_with(".scores_masked"))
             .count()
     );
-    let encf = t.path().join("encf.json");
-    ok(&hexq(
-        &[
-            "quantize",
-            "--model",
-            MODEL,
-            "--stats",
-            st.to_str().unwrap(),
-            "--full-mask-range",
-            "--out",
-            encf.to_str().unwrap(),
-        ],
-        &[],
-    ));
-    let ef: Value = serde_json::from_str(&std::fs::read_to_string(&encf).unwrap()).unwrap();
+    let (_, ef) = quantize(&["--full-mask-range"], "encf.json");
     let smf = &ef["activation_encodings"]["layers.0.self_attn.scores_masked"][0];
     assert!(smf["min"].as_f64().unwrap() < -9999.0, "{smf}");
-    let enc8 = t.path().join("enc8.json");
-    ok(&hexq(
-        &[
-            "quantize",
-            "--model",
-            MODEL,
-            "--stats",
-            st.to_str().unwrap(),
-            "--int8-kv",
-            "--out",
-            enc8.to_str().unwrap(),
-        ],
-        &[],
-    ));
-    let e8: Value = serde_json::from_str(&std::fs::read_to_string(&enc8).unwrap()).unwrap();
+    let (_, e8) = quantize(&["--int8-kv"], "enc8.json");
     assert_eq!(
         e8["activation_encodings"]["present_key_0"][0]["bitwidth"],
         8
@@ -147,22 +116,7 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
     // Overrides: W4 per-channel MLP weights, one tensor kept at 16 bits.
     let ov = t.path().join("ov.json");
     std::fs::write(&ov, r#"{"rules": [{"pattern": "layers.*.mlp.*_proj.weight.T", "kind": "param", "bitwidth": 4}]}"#).unwrap();
-    let enc4 = t.path().join("enc4.json");
-    ok(&hexq(
-        &[
-            "quantize",
-            "--model",
-            MODEL,
-            "--stats",
-            st.to_str().unwrap(),
-            "--overrides",
-            ov.to_str().unwrap(),
-            "--out",
-            enc4.to_str().unwrap(),
-        ],
-        &[],
-    ));
-    let e4: Value = serde_json::from_str(&std::fs::read_to_string(&enc4).unwrap()).unwrap();
+    let (_, e4) = quantize(&["--overrides", ov.to_str().unwrap()], "enc4.json");
     assert_eq!(
         e4["param_encodings"]["layers.2.mlp.down_proj.weight.T"][0]["bitwidth"],
         4

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ort_qdq import load_host  # noqa: E402
+from ort_qdq import decode, load_host  # noqa: E402
 
 
 def same_ranges(model, stats):
@@ -117,30 +117,17 @@ def main(exp, hexq_enc, tokens, out, hexq_stats=None):
     exp = Path(exp)
     variant = json.loads((exp / "manifest.json").read_text())["variant"]
     cfg, host = load_host(exp / "host-model")
-    E, esc = host["embed_tokens.weight"]
-    P, psc = host.get("embed_tokens_per_layer.weight", (None, 1))
-    L, Pd = cfg["num_hidden_layers"], cfg.get("hidden_size_per_layer_input") or 0
     seqs = json.loads(Path(tokens).read_text())
     model = onnx.load(str(exp / f"{variant}.onnx"))
     sim = QuantizationSimModel(model, param_type="int8", activation_type="int16", quant_scheme="min_max")
 
     def loops(session):
-        ins_meta = {i.name: i for i in session.get_inputs()}
         # The sim renames quantized outputs (e.g. "<name>_updated"); they keep the float model's order.
         names = [o.name for o in model.graph.output]
         assert len(names) == len(session.get_outputs())
         for ids in seqs:
-            kv = {n: np.zeros(i.shape, np.float32) for n, i in ins_meta.items() if n.startswith("past_")}
-            for pos, t in enumerate(ids):
-                feeds = {"inputs_embeds": (E[t] * esc)[None, None].astype(np.float32),
-                         "position_ids": np.array([[pos]], np.int32), "cache_position": np.array([pos], np.int32)}
-                if Pd:
-                    feeds["per_layer_inputs"] = (P[t] * psc).reshape(1, 1, L, Pd).astype(np.float32)
-                feeds.update(kv)
-                outs = session.run(None, feeds)
-                for n, v in zip(names, outs):
-                    if n.startswith("present_"):
-                        kv["past_" + n[len("present_"):]] = v
+            for _ in decode(session, names, cfg, host, ids):
+                pass
 
     sim.compute_encodings(loops)
     d = tempfile.mkdtemp()

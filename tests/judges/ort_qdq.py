@@ -46,6 +46,30 @@ def load_host(d):
     return cfg, out
 
 
+def step_feeds(cfg, host, t, pos):
+    """One decode step's non-KV inputs for token `t` at `pos`, from the host-model/ tables."""
+    E, esc = host["embed_tokens.weight"]
+    f = {"inputs_embeds": (E[t] * esc)[None, None].astype(np.float32),
+         "position_ids": np.array([[pos]], np.int32), "cache_position": np.array([pos], np.int32)}
+    Pd = cfg.get("hidden_size_per_layer_input") or 0
+    if Pd:
+        P, psc = host["embed_tokens_per_layer.weight"]
+        f["per_layer_inputs"] = (P[t] * psc).reshape(1, 1, cfg["num_hidden_layers"], Pd).astype(np.float32)
+    return f
+
+
+def decode(session, names, cfg, host, ids):
+    """Drive a decode graph token by token from empty KV (present_* fed back as past_*); yields each step's
+    outputs, in `names` order."""
+    kv = {i.name: np.zeros(i.shape, np.float32) for i in session.get_inputs() if i.name.startswith("past_")}
+    for pos, t in enumerate(ids):
+        outs = session.run(None, {**step_feeds(cfg, host, t, pos), **kv})
+        for n, v in zip(names, outs):
+            if n.startswith("present_"):
+                kv["past_" + n[len("present_"):]] = v
+        yield outs
+
+
 def tensor_by_tensor(path, feeds, dump, enc):
     """Every encoded activation of one decode call: onnxruntime's DequantizeLinear output vs hexq's quantsim
     value. Same arithmetic ⇒ identical, except where an f32 sum order (MatMul, ReduceMean) or a
@@ -92,10 +116,7 @@ def main(exp, cases, step0=None):
     exp = Path(exp)
     spec = json.loads(Path(cases).read_text())
     cfg, host = load_host(exp / "host-model")
-    E, esc = host["embed_tokens.weight"]
-    P, psc = host.get("embed_tokens_per_layer.weight", (None, 1))
-    H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
-    Pd = cfg.get("hidden_size_per_layer_input") or 0
+    E, _ = host["embed_tokens.weight"]
     cap = cfg.get("final_logit_softcapping")
     path = str(exp / f"{spec['variant']}.onnx")
     onnx.checker.check_model(path, full_check=True)
@@ -118,30 +139,16 @@ def main(exp, cases, step0=None):
 
     if step0:
         # onnx.load resolves external data relative to the model file.
-        t = spec["prompts"][0]["ids"][0]
-        feeds = {"inputs_embeds": (E[t] * esc)[None, None].astype(np.float32),
-                 "position_ids": np.array([[0]], np.int32), "cache_position": np.array([0], np.int32)}
-        if Pd:
-            feeds["per_layer_inputs"] = (P[t] * psc).reshape(1, 1, L, Pd).astype(np.float32)
+        feeds = step_feeds(cfg, host, spec["prompts"][0]["ids"][0], 0)
         feeds.update({i.name: np.zeros(i.shape, np.float32) for i in s.get_inputs() if i.name.startswith("past_")})
         enc = json.loads((exp / f"{spec['variant']}.encodings.json").read_text())["activation_encodings"]
         step0_report = tensor_by_tensor(path, feeds, json.loads(Path(step0).read_text()), enc)
     rep = {"variant": spec["variant"], "qdq_ops": {k: ops.get(k, 0) for k in ("QuantizeLinear", "DequantizeLinear")},
            "zero_point_types": qtypes, "prompts": []}
     for p in spec["prompts"]:
-        kv = {i.name: np.zeros(i.shape, np.float32) for i in s.get_inputs() if i.name.startswith("past_")}
         cos = []
         h = None
-        for pos, t in enumerate(p["ids"]):
-            ins = {"inputs_embeds": (E[t] * esc)[None, None].astype(np.float32),
-                   "position_ids": np.array([[pos]], np.int32), "cache_position": np.array([pos], np.int32)}
-            if Pd:
-                ins["per_layer_inputs"] = (P[t] * psc).reshape(1, 1, L, Pd).astype(np.float32)
-            ins.update(kv)
-            outs = s.run(None, ins)
-            for n, v in zip(names, outs):
-                if n.startswith("present_"):
-                    kv["past_" + n[len("present_"):]] = v
+        for pos, outs in enumerate(decode(s, names, cfg, host, p["ids"])):
             h = outs[names.index("hidden_states")][0, 0].astype(np.float64)
             ref = np.asarray(p["hidden"][pos], np.float64)
             cos.append(float(h @ ref / (np.linalg.norm(h) * np.linalg.norm(ref) + 1e-30)))
