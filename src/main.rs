@@ -190,11 +190,11 @@ enum Cmd {
         json: bool,
     },
     /// Write a GGUF llama.cpp loads (gemma4 architecture, metadata as its converter writes it), streamed from
-    /// the safetensors; q4_0/q8_0 blocks bit-identical to ggml's reference quantizers.
+    /// the safetensors; q4_0/q8_0/q6_K blocks bit-identical to ggml's reference quantizers.
     Gguf {
         #[arg(long)]
         model: Option<PathBuf>,
-        /// f32 | f16 | bf16 | q8_0 | q4_0 (llama-quantize's Q4_0 mix).
+        /// f32 | f16 | bf16 | q8_0 | q4_0 (llama-quantize's Q4_0 mix: q6_K token embeddings, q4_0 elsewhere).
         #[arg(long = "type", default_value = "q4_0", value_parser = ["f32", "f16", "bf16", "q8_0", "q4_0"])]
         ty: String,
         /// Every 2-D weight q4_0 (llama-quantize --pure).
