@@ -235,15 +235,21 @@ fn f32_le(v: &[f32]) -> std::borrow::Cow<'_, [u8]> {
             std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v))
         })
     } else {
-        std::borrow::Cow::Owned(le_bytes_par(v, false))
+        let mut out = Vec::new();
+        le_bytes_into(v, false, &mut out);
+        std::borrow::Cow::Owned(out)
     }
 }
 
-/// f32 values as little-endian f32 or f16 bytes (rayon over chunks).
-fn le_bytes_par(v: &[f32], f16: bool) -> Vec<u8> {
+/// f32 values as little-endian f32 or f16 bytes into a reused buffer (rayon over chunks).
+fn le_bytes_into(v: &[f32], f16: bool, out: &mut Vec<u8>) {
     use rayon::prelude::*;
     let w = if f16 { 2 } else { 4 };
-    let mut out = vec![0u8; v.len() * w];
+    if out.len() < v.len() * w {
+        out.resize(v.len() * w, 0);
+    } else {
+        out.truncate(v.len() * w);
+    }
     out.par_chunks_mut(w << 16)
         .zip(v.par_chunks(1 << 16))
         .for_each(|(o, x)| {
@@ -255,7 +261,6 @@ fn le_bytes_par(v: &[f32], f16: bool) -> Vec<u8> {
                 }
             }
         });
-    out
 }
 
 struct Emit<'a> {
@@ -363,7 +368,8 @@ pub fn write_onnx(
         None => (HashMap::new(), HashMap::new()),
     };
     // Reused across weights: converting into fresh vectors faulted in and zeroed ~15 GB of pages.
-    let (mut fbuf, mut tbuf): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
+    let (mut fbuf, mut tbuf, mut hbuf): (Vec<f32>, Vec<f32>, Vec<u8>) =
+        (Vec::new(), Vec::new(), Vec::new());
     for i in &g.initializers {
         let dims: Vec<i64> = i.ty.shape.iter().map(|&d| d as i64).collect();
         let mut src_bytes = 0u64;
@@ -427,7 +433,8 @@ pub fn write_onnx(
             );
         } else if o.weights == WeightType::F16 && matches!(i.source, InitSource::Weight { .. }) {
             let h = format!("{}.f16", i.name);
-            em.init(&h, &dims, 10, le_bytes_par(values, true))?;
+            le_bytes_into(values, true, &mut hbuf);
+            em.init(&h, &dims, 10, &hbuf)?;
             em.node(
                 "Cast",
                 &format!("{}.cast", i.name),
