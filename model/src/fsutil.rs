@@ -249,9 +249,10 @@ impl HashedFile {
                 Ok(())
             }
             // The writer stopped: its error says why.
-            _ => Err(self.join().err().unwrap_or_else(|| {
-                Error::Msg(format!("{}: writer stopped", self.path.display()))
-            })),
+            _ => Err(self
+                .join()
+                .err()
+                .unwrap_or_else(|| Error::Msg(format!("{}: writer stopped", self.path.display())))),
         }
     }
 
@@ -259,7 +260,10 @@ impl HashedFile {
         self.tx = None;
         match self.writer.take().map(|w| w.join()) {
             Some(Ok(r)) => r,
-            _ => Err(Error::Msg(format!("{}: writer thread failed", self.path.display()))),
+            _ => Err(Error::Msg(format!(
+                "{}: writer thread failed",
+                self.path.display()
+            ))),
         }
     }
 
@@ -313,7 +317,17 @@ mod tests {
         use sha2::Digest;
         let t = tempfile::tempdir().unwrap();
         // Lengths around the block and buffer sizes; pieces of uneven size.
-        for len in [0usize, 1, 4095, 4096, 4097, BUF - 1, BUF, BUF + 5, 3 * BUF + 12345] {
+        for len in [
+            0usize,
+            1,
+            4095,
+            4096,
+            4097,
+            BUF - 1,
+            BUF,
+            BUF + 5,
+            3 * BUF + 12345,
+        ] {
             let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
             let p = t.path().join(format!("f{len}"));
             let mut f = HashedFile::create(&p).unwrap();
