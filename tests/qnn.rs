@@ -34,6 +34,11 @@ fn export(out: &Path, variant: &str, enc: &Path, qdq: bool) {
 }
 
 /// `hexq args…` (must succeed), stdout as JSON; the QNN EP's context loads counted from its own log.
+/// `hexq compile --artifacts DIR --target v79` (for the refusals: its output, not asserted).
+fn compile_v79(dir: &str) -> std::process::Output {
+    hexq(&["compile", "--artifacts", dir, "--target", "v79"])
+}
+
 fn json_out(args: &[&str]) -> Value {
     let o = Command::new(env!("CARGO_BIN_EXE_hexq"))
         .current_dir(root())
@@ -147,17 +152,11 @@ fn compile_run_verify_on_the_htp_simulator() {
     let (dq, tq) = (dirs[0].1.to_str().unwrap(), dirs[2].1.to_str().unwrap());
 
     // Refusals: already compiled (no --force); a float graph through ort-qnn.
-    let o = hexq(&["compile", "--artifacts", dq, "--target", "v79"]);
+    let o = compile_v79(dq);
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("already compiled"));
     let fl = t.path().join("fl");
     export(&fl, "decode_wgqa", &enc, false);
-    let o = hexq(&[
-        "compile",
-        "--artifacts",
-        fl.to_str().unwrap(),
-        "--target",
-        "v79",
-    ]);
+    let o = compile_v79(fl.to_str().unwrap());
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(
         !o.status.success() && e.contains("float graph") && e.contains("--qdq"),
@@ -178,13 +177,7 @@ m = h.make_model(g, opset_imports=[h.make_opsetid('', 21)]); m.ir_version = 10; 
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = hexq(&[
-        "compile",
-        "--artifacts",
-        bad.to_str().unwrap(),
-        "--target",
-        "v79",
-    ]);
+    let o = compile_v79(bad.to_str().unwrap());
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{e}");
     assert!(

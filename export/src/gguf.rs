@@ -555,7 +555,6 @@ pub fn metadata(ck: &Checkpoint, ft: FileType, plan: &[Plan]) -> Result<Vec<(Str
     Ok(kv)
 }
 
-/// Writes through and hashes what it writes (the manifest's SHA256 without re-reading the file).
 /// Values of one planned tensor as f32 (checkpoint bytes, or the generated rope_freqs).
 fn values(ck: &Checkpoint, p: &Plan) -> Result<Vec<f32>> {
     match &p.hf {
@@ -681,16 +680,7 @@ pub fn write_gguf(
                             a = b;
                             continue;
                         }
-                        match info.dtype {
-                            hexq_model::weights::DType::F16 => {
-                                fbuf = hexq_model::weights::to_f32(chunk, info.dtype)
-                            }
-                            d => ggml::to_f32_into(
-                                chunk,
-                                d == hexq_model::weights::DType::BF16,
-                                &mut fbuf,
-                            ),
-                        }
+                        hexq_model::weights::to_f32_into(chunk, info.dtype, &mut fbuf);
                         put(&mut w, &mut obuf, &fbuf, &mut written)?;
                         progress((b - a) as u64);
                         a = b;

@@ -205,11 +205,7 @@ fn int_bytes(elem: i32, v: impl Iterator<Item = i64>) -> Vec<u8> {
 fn transpose_into(v: &[f32], r: usize, c: usize, out: &mut Vec<f32>) {
     use rayon::prelude::*;
     const T: usize = 64;
-    if out.len() < v.len() {
-        out.resize(v.len(), 0.0);
-    } else {
-        out.truncate(v.len());
-    }
+    out.resize(v.len(), 0.0);
     out.par_chunks_mut(T * r)
         .enumerate()
         .for_each(|(bi, band)| {
@@ -245,11 +241,7 @@ fn f32_le(v: &[f32]) -> std::borrow::Cow<'_, [u8]> {
 fn le_bytes_into(v: &[f32], f16: bool, out: &mut Vec<u8>) {
     use rayon::prelude::*;
     let w = if f16 { 2 } else { 4 };
-    if out.len() < v.len() * w {
-        out.resize(v.len() * w, 0);
-    } else {
-        out.truncate(v.len() * w);
-    }
+    out.resize(v.len() * w, 0);
     out.par_chunks_mut(w << 16)
         .zip(v.par_chunks(1 << 16))
         .for_each(|(o, x)| {

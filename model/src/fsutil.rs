@@ -210,10 +210,6 @@ impl HashedFile {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Bytes written so far.
     pub fn len(&self) -> u64 {
         self.len

@@ -215,12 +215,8 @@ pub fn to_f32(b: &[u8], dt: DType) -> Vec<f32> {
 
 /// [`to_f32`] into a reused buffer (streaming writers: no fresh pages to fault in and zero per tensor).
 pub fn to_f32_into(b: &[u8], dt: DType, out: &mut Vec<f32>) {
-    let n = b.len() / dt.size();
-    if out.len() < n {
-        out.resize(n, 0.0);
-    } else {
-        out.truncate(n);
-    }
+    // resize also shrinks; every element is overwritten below.
+    out.resize(b.len() / dt.size(), 0.0);
     const CH: usize = 1 << 16;
     match dt {
         DType::F32 => out.par_chunks_mut(CH).enumerate().for_each(|(ci, o)| {

@@ -95,6 +95,17 @@ fn c_i8(v: f32) -> i8 {
     i as i8
 }
 
+/// `x` must be whole blocks of `block` values.
+fn check_blocks(x: &[f32], block: usize, ty: &str) -> Result<(), String> {
+    match x.len() % block {
+        0 => Ok(()),
+        _ => Err(format!(
+            "{} values is not a multiple of the {ty} block size {block}",
+            x.len()
+        )),
+    }
+}
+
 fn check_finite(x: &[f32]) -> Result<(), String> {
     match x.iter().position(|v| !v.is_finite()) {
         Some(i) => Err(format!("non-finite value {} at element {i}", x[i])),
@@ -104,12 +115,7 @@ fn check_finite(x: &[f32]) -> Result<(), String> {
 
 /// `quantize_row_q4_0_ref`.
 pub fn quantize_q4_0(x: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
-    if x.len() % QK != 0 {
-        return Err(format!(
-            "{} values is not a multiple of the q4_0 block size {QK}",
-            x.len()
-        ));
-    }
+    check_blocks(x, QK, "q4_0")?;
     let start = out.len();
     #[cfg(target_arch = "x86_64")]
     let finite = if std::arch::is_x86_feature_detected!("avx2") {
@@ -179,12 +185,7 @@ fn q4_0_blocks(x: &[f32], out: &mut Vec<u8>) -> bool {
 
 /// `quantize_row_q8_0_ref`.
 pub fn quantize_q8_0(x: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
-    if x.len() % QK != 0 {
-        return Err(format!(
-            "{} values is not a multiple of the q8_0 block size {QK}",
-            x.len()
-        ));
-    }
+    check_blocks(x, QK, "q8_0")?;
     check_finite(x)?;
     for b in x.chunks(QK) {
         let amax = b.iter().fold(0f32, |a, v| a.max(v.abs()));
@@ -347,12 +348,7 @@ unsafe fn make_qx_quants_16x16_avx2(b: &[f32], l_out: &mut [i8; QK_K], scales: &
 
 /// `quantize_row_q6_K_ref`.
 pub fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
-    if x.len() % QK_K != 0 {
-        return Err(format!(
-            "{} values is not a multiple of the q6_K block size {QK_K}",
-            x.len()
-        ));
-    }
+    check_blocks(x, QK_K, "q6_K")?;
     check_finite(x)?;
     #[cfg(target_arch = "x86_64")]
     let avx2 = std::arch::is_x86_feature_detected!("avx2");
@@ -549,30 +545,6 @@ fn quantize_task(t: GgmlType, xs: &[f32], os: &mut [u8]) -> Result<(), String> {
     }
     os.copy_from_slice(&tmp);
     Ok(())
-}
-
-/// Little-endian storage bytes → f32 into a reused buffer.
-pub fn to_f32_into(b: &[u8], bf16: bool, out: &mut Vec<f32>) {
-    use rayon::prelude::*;
-    let n = b.len() / if bf16 { 2 } else { 4 };
-    out.resize(n, 0.0);
-    if bf16 {
-        out.par_chunks_mut(1 << 16)
-            .zip(b.par_chunks(2 << 16))
-            .for_each(|(o, s)| {
-                for (v, c) in o.iter_mut().zip(s.chunks_exact(2)) {
-                    *v = half::bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-                }
-            });
-    } else {
-        out.par_chunks_mut(1 << 16)
-            .zip(b.par_chunks(4 << 16))
-            .for_each(|(o, s)| {
-                for (v, c) in o.iter_mut().zip(s.chunks_exact(4)) {
-                    *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            });
-    }
 }
 
 #[cfg(test)]
