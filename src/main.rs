@@ -83,6 +83,11 @@ enum Cmd {
         /// Param overrides (e.g. W4 MLP) applied to the weights during calibration, as `quantize` will.
         #[arg(long)]
         overrides: Option<PathBuf>,
+        /// Where the forward passes run: `interp` = hexq's graph interpreter; `ort` = onnxruntime on the
+        /// exported graph (a scratch export beside --out, removed after): the arithmetic aimet-onnx
+        /// calibrates with, so the encodings match an AIMET QuantSim's to 1 LSB (needs libonnxruntime).
+        #[arg(long, default_value = "interp")]
+        engine: String,
         /// Turn the guards' refusals into warnings.
         #[arg(long)]
         force: bool,
@@ -664,9 +669,13 @@ fn calibrate(
     noise: bool,
     params: String,
     overrides: Option<PathBuf>,
+    engine: String,
     force: bool,
     out: PathBuf,
 ) -> Result<()> {
+    if !["interp", "ort"].contains(&engine.as_str()) {
+        anyhow::bail!("--engine {engine:?}: expected interp or ort");
+    }
     let dir = model_dir(model)?;
     let ck = Arc::new(Checkpoint::open(&dir)?);
     let tok = Tokenizer::from_dir(&dir)?;
@@ -678,23 +687,16 @@ fn calibrate(
         force,
         noise,
     };
-    let (hook, mode): (
-        Option<Box<dyn hexq_model::graph::interp::Hook + Send>>,
-        String,
-    ) = match params.as_str() {
-        "float" => (None, "float".into()),
+    let (pe, mode) = match params.as_str() {
+        "float" => (None, "float".to_string()),
         "int8" => {
             let ov = match &overrides {
                 Some(p) => hexq_quantize::Overrides::from_file(p)?,
                 None => Default::default(),
             };
             let g = hexq_model::graph::build(&ck.config, variant.v(), &o.graph);
-            let pe =
-                hexq_quantize::param_encodings(&ck, &g, &hexq_quantize::Scheme::a16w8(false), &ov)?;
             (
-                Some(Box::new(hexq_quantize::quantsim::FakeQuant::from_params(
-                    &pe,
-                ))),
+                Some(hexq_quantize::calibration_params(&ck, &g, &ov)?),
                 if overrides.is_some() {
                     "int8_per_channel+overrides".into()
                 } else {
@@ -704,15 +706,52 @@ fn calibrate(
         }
         other => anyhow::bail!("--params {other:?}: expected int8 or float"),
     };
+    // The ort engine runs a scratch export of the variant (calibration params baked into f32 weights, every
+    // float tensor an output); AtomicDir never committed = removed on every exit path.
+    let scratch;
+    let mut ob;
+    let eng = if engine == "ort" {
+        scratch = hexq_model::fsutil::AtomicDir::create(&out.with_extension("ort-graph"), true)?;
+        let pb = progress(0, "export (ort engine)");
+        hexq_export::export(
+            &ck,
+            &scratch.tmp,
+            &hexq_export::Options {
+                variant: variant.v().name().into(),
+                graph: o.graph.clone(),
+                encodings: None,
+                qdq: false,
+                weights: hexq_export::onnx::WeightType::F32,
+                host: Some(hexq_export::host::HostDType::Native),
+                command: std::env::args().collect(),
+                progress: None,
+                calibration: Some(pe.as_ref().unwrap_or(&Default::default())),
+            },
+        )?;
+        pb.finish_and_clear();
+        ob = hexq_runtime::ort::OrtBackend::open(
+            std::slice::from_ref(&scratch.tmp),
+            0,
+            hexq_runtime::ort::Ep::Cpu,
+        )?;
+        hexq_calibrate::Engine::Ort(&mut ob)
+    } else {
+        hexq_calibrate::Engine::Interp {
+            params: pe.as_ref().map(|p| {
+                Box::new(hexq_quantize::quantsim::FakeQuant::from_params(p))
+                    as Box<dyn hexq_model::graph::interp::Hook + Send>
+            }),
+        }
+    };
     let pb = count_progress("calibrate");
     let st = hexq_calibrate::calibrate_with(
-        ck,
+        ck.clone(),
         &tok,
         &dataset,
         &o,
         &pb,
         Default::default(),
-        hook,
+        eng,
         mode,
     )?;
     pb.finish_and_clear();
@@ -1053,6 +1092,7 @@ fn pipeline(
         false,
         "int8".into(),
         None,
+        "interp".into(),
         false,
         st.clone(),
     )?;
@@ -1268,6 +1308,7 @@ fn export(
             },
             command: std::env::args().collect(),
             progress: Some(&tick),
+            calibration: None,
         },
     )?;
     pb.finish_and_clear();
@@ -1527,6 +1568,7 @@ fn main() {
             noise,
             params,
             overrides,
+            engine,
             force,
             out,
         } => calibrate(
@@ -1540,6 +1582,7 @@ fn main() {
             noise,
             params,
             overrides,
+            engine,
             force,
             out,
         ),

@@ -5,7 +5,7 @@ use serde_json::Value;
 use std::process::Command;
 
 mod common;
-use common::{calibrate_quantize, hexq, judge, root};
+use common::{calibrate_quantize, hexq, hexq_ok, judge, root};
 
 fn judges_available() -> bool {
     judge("onnx, onnxruntime, safetensors")
@@ -239,7 +239,8 @@ fn qdq_export_in_onnxruntime_matches_hexq_quantsim() {
             enc.activation_encodings.len(),
             "{summary}"
         );
-        assert!(s0["origins"].as_u64().unwrap() <= 5, "{summary}");
+        // A handful of origins (measured 5–6 of 1072 tensors, depending on where the encodings' steps fall).
+        assert!(s0["origins"].as_u64().unwrap() <= 10, "{summary}");
         assert!(
             s0["origin_max_steps"].as_f64().unwrap() <= 1.001,
             "{summary}"
@@ -600,7 +601,41 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
     let m = "tests/fixtures/tiny-gemma4";
     let exp = t.path().join("exp");
     // Prompt tokens only (no greedy continuation), so both sides see exactly the same token sequences.
-    let (st, enc, _) = calibrate_quantize(t.path(), 6, 128, 0);
+    // hexq calibrated twice: on onnxruntime (`--engine ort`, AIMET's engine and arithmetic) and on its
+    // interpreter (the default, `enc_interp`).
+    let (_, enc_interp, _) = calibrate_quantize(t.path(), 6, 128, 0);
+    let (st, enc) = (
+        t.path().join("stats_ort.json"),
+        t.path().join("enc_ort.json"),
+    );
+    hexq_ok(&[
+        "calibrate",
+        "--model",
+        m,
+        "--limit",
+        "6",
+        "--context",
+        "128",
+        "--seq",
+        "16",
+        "--decode-tokens",
+        "0",
+        "--engine",
+        "ort",
+        "--out",
+        st.to_str().unwrap(),
+    ]);
+    hexq_ok(&[
+        "quantize",
+        "--model",
+        m,
+        "--stats",
+        st.to_str().unwrap(),
+        "--out",
+        enc.to_str().unwrap(),
+    ]);
+    // The scratch export the ort engine ran is gone.
+    assert!(!t.path().join("stats_ort.ort-graph").exists());
     export_ok(&[
         "--context",
         "128",
@@ -626,7 +661,7 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
     let rep = t.path().join("aimet.json");
     let o = Command::new("python3")
         .arg(root().join("tests/judges/aimet_graph.py"))
-        .args([&exp, &enc, &tj, &rep, &st])
+        .args([&exp, &enc, &tj, &rep, &st, &enc_interp])
         .output()
         .unwrap();
     assert!(
@@ -656,7 +691,7 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
     eprintln!("params {p}\nactivations {a}");
     // AIMET given hexq's observed range of every activation (and the weights) instead of its own forward
     // passes: its encoding rules alone — placement, ties, symmetry, minimum scale, rounding — against hexq's.
-    // Every encoding within 1 LSB; what separates the forward-pass figures below is the engines' f32.
+    // Every encoding within 1 LSB.
     let s = &r["same_ranges"];
     eprintln!(
         "same ranges: {} of {} within 1 LSB (activations {}, params {})",
@@ -678,18 +713,24 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
     // one within 1 LSB.
     assert!(p["compared"].as_u64().unwrap() >= 300, "{p}");
     assert_eq!(p["within_1_lsb"], p["compared"], "{p}");
-    // Activations: the same structure (which tensors have quantizers, tie groups over Concat/ScatterND,
-    // symmetric 16-bit KV for the MatMuls' second inputs, the minimum scale) and the same ranges up to the
-    // two engines' forward-pass arithmetic (onnxruntime vs candle, f32 sums, weight rounding at ties),
-    // which at 16 bits (1 LSB = 1.5e-5 of the range) moves min/max by a few LSB — and by up to 0.6 % of
-    // the range on the RMSNorm `inv_rms` tensors of the random fixture, where 1/sqrt amplifies it.
+    // Activations, hexq calibrated on onnxruntime: the same structure (which tensors have quantizers, tie
+    // groups over Concat/ScatterND, symmetric 16-bit KV for the MatMuls' second inputs, the minimum scale)
+    // and the same forward arithmetic as AIMET's — every encoding within 1 LSB (measured: max 7e-12).
     assert!(a["compared"].as_u64().unwrap() >= 900 - 20, "{a}");
     assert_eq!(a["symmetric_mismatch"], serde_json::json!([]), "{a}");
     // The KV buffers written this call (present_*, read by the score/value MatMuls): 5 owners × K, V.
     assert!(a["symmetric_both"].as_u64().unwrap() >= 10, "{a}");
-    assert!(a["max_rel_range"].as_f64().unwrap() <= 0.01, "{a}");
+    assert_eq!(a["within_1_lsb"], a["compared"], "{a}");
+    // hexq's interpreter (candle's f32 sums, libm's transcendentals) against the same AIMET forward: ranges
+    // agree to ~1e-7, but a zero point whose -min/scale sits near .5 can round to the neighbouring
+    // integer, putting both ends one step (plus the 1e-7 of the range) apart. Measured: 889 of 892 within
+    // 1 LSB, max 1.024.
+    let i = &r["other"]["activations"];
+    eprintln!("interpreter-calibrated encodings vs AIMET: {i}");
+    assert_eq!(r["other"]["params"]["within_1_lsb"], p["compared"], "{i}");
+    assert!(i["max_lsb"].as_f64().unwrap() <= 1.1, "{i}");
     assert!(
-        a["within_16_lsb"].as_f64().unwrap() >= 0.85 * a["compared"].as_f64().unwrap(),
-        "{a}"
+        i["within_1_lsb"].as_f64().unwrap() >= 0.99 * i["compared"].as_f64().unwrap(),
+        "{i}"
     );
 }

@@ -372,13 +372,7 @@ fn encodings_match_aimet_within_one_lsb() {
     let pb = indicatif::ProgressBar::hidden();
     // AIMET's sequence: param encodings first, activations observed with the weights fake-quantized.
     let g = build(&ck.config, Variant::DecodeWgqa, &o.graph);
-    let pe = hexq_quantize::param_encodings(
-        &ck,
-        &g,
-        &hexq_quantize::Scheme::a16w8(false),
-        &Default::default(),
-    )
-    .unwrap();
+    let pe = hexq_quantize::calibration_params(&ck, &g, &Default::default()).unwrap();
     let hook = Box::new(hexq_quantize::quantsim::FakeQuant::from_params(&pe));
     let stats = calibrate_with(
         ck.clone(),
@@ -387,7 +381,7 @@ fn encodings_match_aimet_within_one_lsb() {
         &o,
         &pb,
         obs.clone(),
-        Some(hook),
+        hexq_calibrate::Engine::Interp { params: Some(hook) },
         "int8_per_channel".into(),
     )
     .unwrap();

@@ -16,6 +16,7 @@ use hexq_model::graph::interp::Hook;
 use hexq_model::graph::{build, GraphOptions, Variant};
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_runtime::graph::GraphBackend;
+use hexq_runtime::Hidden;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -201,13 +202,24 @@ pub fn calibrate(
         o,
         pb,
         RangeObserver::default(),
-        None,
+        Engine::Interp { params: None },
         "float".into(),
     )
 }
 
-/// [`calibrate`] with a caller-made observer (e.g. one that also captures some tensors' values).
-/// `params`: a hook that fake-quantizes the weights as they load (None = float weights), named by `mode`.
+/// Where the calibration forward passes run.
+pub enum Engine<'a> {
+    /// hexq's graph interpreter (candle); `params` fake-quantizes the weights as they load (None = float).
+    Interp {
+        params: Option<Box<dyn Hook + Send>>,
+    },
+    /// onnxruntime on the exported graph of the same variant, exported with taps (every float tensor an
+    /// output) and the calibration params baked in: the engine and arithmetic aimet-onnx calibrates with.
+    Ort(&'a mut hexq_runtime::ort::OrtBackend),
+}
+
+/// [`calibrate`] with a caller-made observer (e.g. one that also captures some tensors' values) on
+/// `engine`; `mode` names what the weights were.
 #[allow(clippy::too_many_arguments)]
 pub fn calibrate_with(
     ck: Arc<Checkpoint>,
@@ -216,7 +228,7 @@ pub fn calibrate_with(
     o: &Options,
     pb: &indicatif::ProgressBar,
     obs: RangeObserver,
-    params: Option<Box<dyn Hook + Send>>,
+    engine: Engine,
     mode: ParamMode,
 ) -> Result<Stats> {
     let mut recs = load_dataset(dataset)?;
@@ -243,13 +255,33 @@ pub fn calibrate_with(
     } else {
         o.variant
     };
-    let mut b =
-        GraphBackend::for_model(&ck, decode_variant, o.variant == Variant::Trunk, &o.graph)?;
-    if let Some(mut p) = params {
-        // Weights fake-quantized once, not on every decode call.
-        b.bake(p.as_mut())?;
-    }
-    b.hook = Some(Box::new(obs.clone()));
+    let mut interp;
+    let b: &mut dyn Hidden = match engine {
+        Engine::Interp { params } => {
+            interp = GraphBackend::for_model(
+                &ck,
+                decode_variant,
+                o.variant == Variant::Trunk,
+                &o.graph,
+            )?;
+            if let Some(mut p) = params {
+                // Weights fake-quantized once, not on every decode call.
+                interp.bake(p.as_mut())?;
+            }
+            interp.hook = Some(Box::new(obs.clone()));
+            &mut interp
+        }
+        Engine::Ort(b) => {
+            if o.noise {
+                return Err(Error::Msg(
+                    "--noise replaces the interpreter's embeddings; it has no onnxruntime engine"
+                        .into(),
+                ));
+            }
+            b.taps = Some(Box::new(obs.clone()));
+            b
+        }
+    };
     pb.set_length(recs.len() as u64);
     let mut seen = HashSet::new();
     let mut tokens = 0u64;
@@ -263,35 +295,37 @@ pub fn calibrate_with(
             .take(o.graph.context.saturating_sub(o.decode_tokens + 1))
             .collect();
         seen.extend(ids.iter().copied().filter(|i| TEMPLATE_IDS.contains(i)));
-        hexq_runtime::Backend::reset(&mut b);
+        b.reset_all();
         if o.noise {
             // Noise instead of token embeddings: what "calibrate on np.random.randn" does.
             let mut rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(k as u64);
-            b.noise = Some(Box::new(move |n: usize| {
+            b.set_noise(Some(Box::new(move |n: usize| {
                 use rand_distr::Distribution;
                 let d = rand_distr::Normal::new(0.0f32, 1.0).unwrap();
                 (0..n).map(|_| d.sample(&mut rng)).collect()
-            }));
+            })))?;
         }
         if o.variant == Variant::Trunk {
-            b.hidden(&ids)?;
+            b.hidden_all(&ids)?;
             tokens += ids.len() as u64;
         } else {
             let mut h = vec![];
             for &id in &ids {
-                h = b.step(id)?;
+                h = b.step_one(id)?;
             }
             tokens += ids.len() as u64;
             for _ in 0..o.decode_tokens {
-                let next = argmax(&b.logits(&h)?);
+                let next = argmax(&b.logits_of(&h)?);
                 if STOP_IDS.contains(&next) {
                     break;
                 }
-                h = b.step(next)?;
+                h = b.step_one(next)?;
                 tokens += 1;
             }
         }
-        b.noise = None;
+        if o.noise {
+            b.set_noise(None)?;
+        }
         pb.inc(1);
     }
     let mut seen: Vec<u32> = seen.into_iter().collect();

@@ -47,6 +47,9 @@ pub struct Options<'a> {
     /// argv, recorded in the manifest.
     pub command: Vec<String>,
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+    /// A calibration graph for onnxruntime: these params fake-quantized, every float tensor an output
+    /// (see [`onnx::ExportOptions::taps`]).
+    pub calibration: Option<&'a std::collections::BTreeMap<String, Vec<hexq_quantize::Encoding>>>,
 }
 
 fn is_kv(n: &str) -> bool {
@@ -331,6 +334,8 @@ pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Va
                 weights: o.weights,
                 qdq: if o.qdq { enc } else { None },
                 progress: o.progress,
+                fake_params: o.calibration,
+                taps: o.calibration.is_some(),
             },
         );
         let panicked = || Error::Msg("export worker panicked".into());
@@ -363,7 +368,8 @@ pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Va
         "command": o.command,
         "variant": o.variant,
         "graph": {"name": g.name, "sha256": g.content_hash(), "context": o.graph.context, "seq": o.graph.seq,
-                  "onnx": files[0].0, "qdq": o.qdq, "weights": format!("{:?}", o.weights).to_lowercase()},
+                  "onnx": files[0].0, "qdq": o.qdq, "weights": format!("{:?}", o.weights).to_lowercase(),
+                  "calibration": o.calibration.is_some()},
         "encodings": enc.map(|e| e.hexq.clone()),
         "source": {"dir": ck.dir.display().to_string(), "sha256": src_hashes},
         "files": hash_tree(dir, &["manifest.json"], &known)?,

@@ -16,7 +16,7 @@ use hexq_model::graph::ir::{DType, Graph, InitSource, Op, OPSET};
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_quantize::{Encoding, Encodings};
 use prost::Message;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
@@ -153,6 +153,10 @@ pub struct ExportOptions<'a> {
     pub qdq: Option<&'a Encodings>,
     /// Called after each initializer with the checkpoint bytes it consumed (progress).
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+    /// A calibration graph (`hexq calibrate --engine ort`): these params written quantize-dequantized (f32)…
+    pub fake_params: Option<&'a BTreeMap<String, Vec<Encoding>>>,
+    /// …and every float node output a graph output as well, so onnxruntime hands each one back.
+    pub taps: bool,
 }
 
 impl Default for ExportOptions<'_> {
@@ -162,6 +166,8 @@ impl Default for ExportOptions<'_> {
             weights: WeightType::F32,
             qdq: None,
             progress: None,
+            fake_params: None,
+            taps: false,
         }
     }
 }
@@ -180,9 +186,9 @@ pub fn onnx_qtype(e: &Encoding) -> Result<(i32, i64)> {
     })
 }
 
-/// Quantize `x` on `e`'s grid into the storage integer (the value QuantizeLinear would produce).
+/// Quantize param `x` on `e`'s grid into its storage integer ([`Encoding::quantize_param`]'s rounding).
 fn quant_store(e: &Encoding, x: f32) -> i64 {
-    let q = e.quantize(x);
+    let q = e.quantize_param(x);
     if e.is_symmetric {
         q - (1i64 << (e.bitwidth - 1))
     } else {
@@ -389,6 +395,25 @@ pub fn write_onnx(
                 }
             }
         };
+        let faked: Vec<f32>;
+        let values = match o.fake_params.and_then(|p| p.get(i.name.as_str())) {
+            Some(e) => {
+                let c = e.len();
+                if c != 1 && Some(&c) != i.ty.shape.last() {
+                    return Err(Error::Msg(format!(
+                        "param {}: {c} channel encodings for shape {:?}",
+                        i.name, i.ty.shape
+                    )));
+                }
+                faked = values
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &x)| e[k % c].fake_param(x))
+                    .collect();
+                &faked[..]
+            }
+            None => values,
+        };
         if let Some(e) = params.get(i.name.as_str()) {
             // Stored quantized; per-channel along the last axis (output channel of the [in, out] view).
             let qname = format!("{}.quantized", i.name);
@@ -470,6 +495,7 @@ pub fn write_onnx(
             reads.insert(v.name.clone(), dq);
         }
     }
+    let inits: HashSet<&str> = g.initializers.iter().map(|i| i.name.as_str()).collect();
     for n in &g.nodes {
         let mut inputs: Vec<String> = n
             .inputs
@@ -513,6 +539,20 @@ pub fn write_onnx(
             Op::Unsqueeze { axes } => konst(&mut em, "axes", axes, &mut inputs)?,
             _ => {}
         }
+        if o.taps && n.op == Op::MatMul && inits.contains(inputs[1].as_str()) {
+            // A calibration graph reads each weight through a node, as aimet-onnx's (weight → its quantizer →
+            // MatMul) does: onnxruntime prepacks a constant MatMul input, and MLAS's prepacked and dynamic
+            // sgemm paths sum in different orders (measured: bit-identical to AIMET's forward only this way).
+            let d = format!("{}.dynamic", inputs[1]);
+            em.node(
+                "Identity",
+                &format!("{d}.identity"),
+                &[&inputs[1]],
+                &d,
+                vec![],
+            );
+            inputs[1] = d;
+        }
         let out = &n.outputs[0];
         let enc = acts
             .get(out.as_str())
@@ -553,6 +593,15 @@ pub fn write_onnx(
             .outputs
             .iter()
             .map(|v| vinfo(&v.name, v.ty.dtype, &v.ty.shape, &v.doc))
+            .chain(
+                g.nodes
+                    .iter()
+                    .map(|n| &n.outputs[0])
+                    .filter(|t| {
+                        o.taps && g.types[*t].dtype.is_float() && !outputs.contains(t.as_str())
+                    })
+                    .map(|t| vinfo(t, g.types[t].dtype, &g.types[t].shape, "")),
+            )
             .collect(),
         value_info: vec![],
     };

@@ -91,7 +91,7 @@ pub fn apply_grid(grid: Grid, w: &mut [f32], cols: usize) {
                 .iter()
                 .fold((0f32, 0f32), |(a, c), &x| (a.min(x), c.max(x)));
             let e = Encoding::compute(b, lo as f64, hi as f64, true);
-            row.iter_mut().for_each(|x| *x = e.fake(*x));
+            row.iter_mut().for_each(|x| *x = e.fake_param(*x));
         }
         Grid::Group(g) => row.chunks_mut(g).for_each(q4_group),
     });

@@ -10,16 +10,8 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct FakeQuant {
     enc: Arc<HashMap<String, Vec<crate::Encoding>>>,
-}
-
-impl FakeQuant {
-    pub fn new(e: &Encodings) -> Self {
-        let mut m = HashMap::new();
-        for (k, v) in e.activation_encodings.iter().chain(&e.param_encodings) {
-            m.insert(k.clone(), v.clone());
-        }
-        FakeQuant { enc: Arc::new(m) }
-    }
+    /// Params round ties half away from zero, activations half to even ([`crate::Encoding::quantize_param`]).
+    params: bool,
 }
 
 impl FakeQuant {
@@ -32,6 +24,7 @@ impl FakeQuant {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
             ),
+            params: false,
         }
     }
 
@@ -39,6 +32,15 @@ impl FakeQuant {
     pub fn from_params(p: &std::collections::BTreeMap<String, Vec<crate::Encoding>>) -> Self {
         FakeQuant {
             enc: Arc::new(p.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+            params: true,
+        }
+    }
+
+    fn fake(&self, e: &crate::Encoding, x: f32) -> f32 {
+        if self.params {
+            e.fake_param(x)
+        } else {
+            e.fake(x)
         }
     }
 }
@@ -52,7 +54,7 @@ impl Hook for FakeQuant {
         let dims = t.dims().to_vec();
         if e.len() == 1 {
             let v: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;
-            let q: Vec<f32> = v.iter().map(|&x| e[0].fake(x)).collect();
+            let q: Vec<f32> = v.iter().map(|&x| self.fake(&e[0], x)).collect();
             return Tensor::from_vec(q, dims.as_slice(), &Device::Cpu).ok();
         }
         // Per-channel MatMul weight seen as the [in, out] view of an [out, in] tensor: channel = last axis.
@@ -61,12 +63,13 @@ impl Hook for FakeQuant {
             return None;
         }
         let w = t.t().ok()?.contiguous().ok()?; // [out, in] rows
+        let me = &*self;
         let v: Vec<f32> = w.flatten_all().ok()?.to_vec1().ok()?;
         let cols = v.len() / out;
         let q: Vec<f32> = v
             .chunks(cols)
             .zip(e.iter())
-            .flat_map(|(row, en)| row.iter().map(move |&x| en.fake(x)))
+            .flat_map(|(row, en)| row.iter().map(move |&x| me.fake(en, x)))
             .collect();
         Tensor::from_vec(q, (out, cols), &Device::Cpu)
             .ok()?

@@ -11,6 +11,9 @@ use hexq_model::graph::Graph;
 use hexq_model::Error;
 use std::collections::HashMap;
 
+/// A generator of N embedding values (replacing the token lookup).
+pub type Noise = Box<dyn FnMut(usize) -> Vec<f32> + Send>;
+
 pub struct GraphBackend {
     pub host: Host,
     pub decode: Interpreter,
@@ -23,7 +26,7 @@ pub struct GraphBackend {
     pub last_hidden: Vec<f32>,
     pub hook: Option<Box<dyn Hook + Send>>,
     /// When set, replaces the host's embeddings by these values (calibration failure-mode demos).
-    pub noise: Option<Box<dyn FnMut(usize) -> Vec<f32> + Send>>,
+    pub noise: Option<Noise>,
 }
 
 fn i64_tensor(v: Vec<i64>, shape: &[usize]) -> Result<Tensor> {

@@ -72,6 +72,12 @@ pub trait Hidden {
     fn hidden_all(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>>;
     fn step_one(&mut self, id: u32) -> Result<Vec<f32>>;
     fn logits_of(&self, h: &[f32]) -> Result<Vec<f32>>;
+    /// Replace the token embeddings by a generator's values (calibration's noise demonstration).
+    fn set_noise(&mut self, _f: Option<graph::Noise>) -> Result<()> {
+        Err(hexq_model::Error::Msg(
+            "this backend takes token embeddings only from host-model/".into(),
+        ))
+    }
 }
 
 impl Hidden for graph::GraphBackend {
@@ -86,6 +92,10 @@ impl Hidden for graph::GraphBackend {
     }
     fn logits_of(&self, h: &[f32]) -> Result<Vec<f32>> {
         self.logits(h)
+    }
+    fn set_noise(&mut self, f: Option<graph::Noise>) -> Result<()> {
+        self.noise = f;
+        Ok(())
     }
 }
 

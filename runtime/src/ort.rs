@@ -259,6 +259,22 @@ pub struct OrtBackend {
     pub steps: usize,
     /// When set, every run's inputs are recorded as raw little-endian bytes (QAIRT's --input_list files).
     pub capture: Option<Vec<Vec<(String, Vec<u8>)>>>,
+    /// When set, sees every float input and every float output of every run (a graph exported with taps has
+    /// every node output among its outputs): calibration on onnxruntime's arithmetic.
+    pub taps: Option<Box<dyn hexq_model::graph::interp::Hook + Send>>,
+}
+
+/// Hand one onnxruntime f32 value to a hook (as a candle tensor, the interpreter's currency).
+fn tap(
+    hook: &mut dyn hexq_model::graph::interp::Hook,
+    name: &str,
+    shape: &[i64],
+    x: &[f32],
+) -> Result<()> {
+    let dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+    let t = candle_core::Tensor::from_slice(x, dims.as_slice(), &candle_core::Device::Cpu)?;
+    hook.tensor(name, &t);
+    Ok(())
 }
 
 /// A export directory's manifest.
@@ -289,8 +305,11 @@ pub fn graph_for(dir: &Path, ep: &Ep) -> Result<(String, PathBuf, bool)> {
     let (v, p) = graph_in(dir)?;
     let m = manifest(dir)?;
     let qdq = m["graph"]["qdq"].as_bool().unwrap_or(false);
+    // A calibration graph runs as written (no fusions): aimet-onnx's own forward has none across its
+    // quantizer nodes, and the ranges must be its arithmetic.
+    let calibration = m["graph"]["calibration"].as_bool().unwrap_or(false);
     match ep {
-        Ep::Cpu => Ok((v, p, !qdq)),
+        Ep::Cpu => Ok((v, p, !qdq && !calibration)),
         Ep::Qnn { target } => {
             let c = m["compiled"]
                 .as_array()
@@ -379,6 +398,7 @@ impl OrtBackend {
             kv_buffers_allocated,
             steps: 0,
             capture: None,
+            taps: None,
         };
         b.reset();
         Ok(b)
@@ -486,9 +506,54 @@ impl OrtBackend {
         let hbuf = self.hidden.get_mut(&trunk).unwrap();
         bind.bind_output("hidden_states", &mut *hbuf)
             .map_err(|e| oe("hidden_states", e))?;
-        g.session
-            .run_binding(&bind)
-            .map_err(|e| oe(&format!("running {}", g.name), e))?;
+        if let Some(h) = self.taps.as_mut() {
+            for (k, v) in &ins {
+                if let Ok((shape, x)) = v.try_extract_tensor::<f32>() {
+                    tap(h.as_mut(), k, shape, x)?;
+                }
+            }
+            for (n, pair) in &self.kv {
+                let (shape, x) = pair.bufs[pair.cur].extract_tensor();
+                tap(h.as_mut(), n, shape, x)?;
+            }
+            let cpu = ort::memory::MemoryInfo::new(
+                ort::memory::AllocationDevice::CPU,
+                0,
+                ort::memory::AllocatorType::Device,
+                ort::memory::MemoryType::Default,
+            )
+            .map_err(|e| oe("memory info", e))?;
+            let bound: std::collections::HashSet<String> = self
+                .kv
+                .keys()
+                .map(|n| format!("present_{}", &n["past_".len()..]))
+                .chain(["hidden_states".to_string()])
+                .collect();
+            let outs: Vec<String> = g
+                .session
+                .outputs()
+                .iter()
+                .map(|o| o.name().to_string())
+                .filter(|n| !bound.contains(n))
+                .collect();
+            for n in &outs {
+                bind.bind_output_to_device(n.as_str(), &cpu)
+                    .map_err(|e| oe(n, e))?;
+            }
+            let res = g
+                .session
+                .run_binding(&bind)
+                .map_err(|e| oe(&format!("running {}", g.name), e))?;
+            for (n, v) in &res {
+                if let Ok((shape, x)) = v.try_extract_tensor::<f32>() {
+                    tap(h.as_mut(), n, shape, x)?;
+                }
+            }
+        } else {
+            g.session
+                .run_binding(&bind)
+                .map_err(|e| oe(&format!("running {}", g.name), e))?;
+        }
         drop(bind);
         for pair in self.kv.values_mut() {
             pair.cur ^= 1;

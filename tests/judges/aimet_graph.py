@@ -10,8 +10,10 @@ observed range of every activation (and the weights themselves) instead of runni
 separates AIMET's encoding rules (quantizer placement, ties, symmetry, minimum scale, rounding) from the two
 engines' f32 forward arithmetic. Reported under "same_ranges".
 
-usage: aimet_graph.py EXPORT_DIR HEXQ_ENCODINGS TOKENS_JSON OUT_JSON [HEXQ_STATS]
+usage: aimet_graph.py EXPORT_DIR HEXQ_ENCODINGS TOKENS_JSON OUT_JSON [HEXQ_STATS [OTHER_ENCODINGS]]
   TOKENS_JSON: [[ids of prompt 1], [ids of prompt 2], ...]
+  OTHER_ENCODINGS: a second hexq encodings file (e.g. calibrated by the other engine), compared against the
+  same AIMET forward; reported under "other".
 """
 import json
 import sys
@@ -111,7 +113,7 @@ def compare(ae, ours):
     return rep
 
 
-def main(exp, hexq_enc, tokens, out, hexq_stats=None):
+def main(exp, hexq_enc, tokens, out, hexq_stats=None, other_enc=None):
     from aimet_onnx.quantsim import QuantizationSimModel
 
     exp = Path(exp)
@@ -133,7 +135,10 @@ def main(exp, hexq_enc, tokens, out, hexq_stats=None):
     d = tempfile.mkdtemp()
     sim.export(d, "judge")
     ours = json.loads(Path(hexq_enc).read_text())
-    rep = compare(json.loads((Path(d) / "judge.encodings").read_text()), ours)
+    ae = json.loads((Path(d) / "judge.encodings").read_text())
+    rep = compare(ae, ours)
+    if other_enc:
+        rep["other"] = compare(ae, json.loads(Path(other_enc).read_text()))
     if hexq_stats:
         stats = json.loads(Path(hexq_stats).read_text())["tensors"]
         ae, missing = same_ranges(onnx.load(str(exp / f"{variant}.onnx")), stats)
