@@ -676,6 +676,9 @@ fn calibrate(
     if !["interp", "ort"].contains(&engine.as_str()) {
         anyhow::bail!("--engine {engine:?}: expected interp or ort");
     }
+    if engine == "ort" && noise {
+        anyhow::bail!("--noise replaces the interpreter's embeddings; use --engine interp");
+    }
     let dir = model_dir(model)?;
     let ck = Arc::new(Checkpoint::open(&dir)?);
     let tok = Tokenizer::from_dir(&dir)?;

@@ -634,8 +634,25 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
         "--out",
         enc.to_str().unwrap(),
     ]);
-    // The scratch export the ort engine ran is gone.
+    // The scratch export the ort engine ran is gone; a refused run leaves nothing either.
     assert!(!t.path().join("stats_ort.ort-graph").exists());
+    let bad = t.path().join("bad.json");
+    let o = hexq(&[
+        "calibrate",
+        "--model",
+        m,
+        "--limit",
+        "1",
+        "--engine",
+        "ort",
+        "--noise",
+        "--force",
+        "--out",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--noise"));
+    assert!(!bad.exists() && !t.path().join("bad.ort-graph").exists());
     export_ok(&[
         "--context",
         "128",
