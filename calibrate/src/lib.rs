@@ -162,7 +162,7 @@ pub fn sha256_files(paths: &[&Path]) -> Result<String> {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     for p in paths {
-        h.update(hexq_model::fsutil::sha256_file(p)?.as_bytes());
+        h.update(hexq_model::fsutil::sha256_file_cached(p)?.as_bytes());
     }
     Ok(format!("{:x}", h.finalize()))
 }

@@ -227,7 +227,13 @@ pub fn hash_tree(
 pub fn source_hashes(ck: &Checkpoint) -> Result<serde_json::Value> {
     let mut files = vec![ck.dir.join("config.json")];
     files.extend(ck.store.files.iter().cloned());
-    let hashes = sha256_par(&files)?;
+    let hashes: Vec<String> = {
+        use rayon::prelude::*;
+        files
+            .par_iter()
+            .map(|f| hexq_model::fsutil::sha256_file_cached(f))
+            .collect::<Result<_>>()?
+    };
     Ok(serde_json::Value::Object(
         files
             .iter()

@@ -110,6 +110,57 @@ pub fn sha256_file(p: &Path) -> Result<String> {
     Ok(format!("{:x}", h.finalize()))
 }
 
+/// [`sha256_file`] through a stat-keyed cache (git's index idea): a checkpoint's multi-GB files are hashed
+/// once, and every later calibrate/export of the same files reuses it. The key is (device, inode, size,
+/// mtime, ctime) — any write to the file, or a replacement, changes ctime — stored under
+/// `$XDG_CACHE_HOME/hexq/sha256/` (else `~/.cache/…`). The cache is best effort: unreadable or unwritable, the
+/// file is hashed. `HEXQ_NO_HASH_CACHE=1` always hashes.
+pub fn sha256_file_cached(p: &Path) -> Result<String> {
+    match (
+        std::env::var_os("HEXQ_NO_HASH_CACHE"),
+        std::env::var_os("XDG_CACHE_HOME"),
+        std::env::var_os("HOME"),
+    ) {
+        (Some(_), _, _) => sha256_file(p),
+        (None, Some(c), _) => sha256_cached_in(p, &PathBuf::from(c).join("hexq/sha256")),
+        (None, None, Some(h)) => sha256_cached_in(p, &PathBuf::from(h).join(".cache/hexq/sha256")),
+        _ => sha256_file(p),
+    }
+}
+
+fn sha256_cached_in(p: &Path, dir: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).map_err(|e| Error::io(p, e))?;
+    let key = format!(
+        "{}:{}:{}:{}.{}:{}.{}",
+        m.dev(),
+        m.ino(),
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec()
+    );
+    let abs = std::fs::canonicalize(p).map_err(|e| Error::io(p, e))?;
+    let entry = dir.join(format!(
+        "{:x}",
+        Sha256::digest(abs.as_os_str().as_encoded_bytes())
+    ));
+    if let Ok(t) = std::fs::read_to_string(&entry) {
+        if let Some((k, h)) = t.trim().split_once(' ') {
+            if k == key && h.len() == 64 {
+                return Ok(h.to_string());
+            }
+        }
+    }
+    let h = sha256_file(p)?;
+    if std::fs::create_dir_all(dir).is_ok() {
+        let _ = write_atomic(&entry, format!("{key} {h}\n").as_bytes());
+    }
+    Ok(h)
+}
+
 /// A write-once output file, hashed (SHA256) as it is written, that bypasses the page cache (`O_DIRECT`):
 /// exports write gigabytes that nothing reads back soon, and on this class of machine the buffered path —
 /// a kernel copy into freshly allocated cache pages, then reclaim of the source's pages — cost more CPU than
@@ -307,6 +358,37 @@ impl std::io::Write for HashedFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hash_cache_hits_and_notices_changes() {
+        let t = tempfile::tempdir().unwrap();
+        let (f, cache) = (t.path().join("w.bin"), t.path().join("cache"));
+        std::fs::write(&f, b"abcd").unwrap();
+        let h1 = sha256_cached_in(&f, &cache).unwrap();
+        assert_eq!(h1, sha256_file(&f).unwrap());
+        assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
+        // A hit returns the stored hash (proved by planting a different one under the same key).
+        let e = std::fs::read_dir(&cache)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let key = std::fs::read_to_string(&e)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_string();
+        std::fs::write(&e, format!("{key} {}\n", "0".repeat(64))).unwrap();
+        assert_eq!(sha256_cached_in(&f, &cache).unwrap(), "0".repeat(64));
+        // Same size, new content: ctime moves, the key misses, the file is hashed again.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&f, b"abce").unwrap();
+        let h2 = sha256_cached_in(&f, &cache).unwrap();
+        assert_eq!(h2, sha256_file(&f).unwrap());
+        assert_ne!(h2, h1);
+    }
 
     #[test]
     fn hashed_file_writes_exact_bytes_and_hash() {
