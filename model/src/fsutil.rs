@@ -164,9 +164,10 @@ fn sha256_cached_in(p: &Path, dir: &Path) -> Result<String> {
 /// A write-once output file, hashed (SHA256) as it is written, that bypasses the page cache (`O_DIRECT`):
 /// exports write gigabytes that nothing reads back soon, and on this class of machine the buffered path —
 /// a kernel copy into freshly allocated cache pages, then reclaim of the source's pages — cost more CPU than
-/// everything else the exporter does (measured: 20 s of 44 s sys for 12.7 GB). Data goes through two
-/// 4 KiB-aligned 8 MiB buffers: the caller fills one while a writer thread hashes and writes the other (an
-/// `O_DIRECT` write returns only when the disk has the data, so a single buffer would stall the producer).
+/// everything else the exporter does (measured: 20 s of 44 s sys for 12.7 GB). Data goes through three
+/// 4 KiB-aligned 8 MiB buffers in a pipeline: the caller fills one while a hasher thread hashes the previous
+/// and a writer thread writes the one before (an `O_DIRECT` write returns only when the disk has the data; with
+/// hashing and writing on one thread, SHA256 and the disk took turns).
 /// The tail is padded to a block and the file truncated to its length. Where the filesystem refuses
 /// `O_DIRECT` (tmpfs) — or with `HEXQ_BUFFERED_IO=1` — it is an ordinary file.
 pub struct HashedFile {
@@ -174,10 +175,11 @@ pub struct HashedFile {
     buf: Option<AlignedBuf>,
     fill: usize,
     len: u64,
-    /// Full buffers to the writer: (buffer, bytes to write, bytes to hash).
+    /// Full buffers to the hasher (then the writer): (buffer, bytes to write, bytes to hash).
     tx: Option<std::sync::mpsc::SyncSender<(AlignedBuf, usize, usize)>>,
     back: std::sync::mpsc::Receiver<AlignedBuf>,
-    writer: Option<std::thread::JoinHandle<Result<(std::fs::File, String)>>>,
+    hasher: Option<std::thread::JoinHandle<String>>,
+    writer: Option<std::thread::JoinHandle<Result<std::fs::File>>>,
     direct: bool,
 }
 
@@ -231,23 +233,34 @@ impl HashedFile {
             _ => (open(0).map_err(|e| Error::io(p, e))?, false),
         };
         let (tx, rx) = std::sync::mpsc::sync_channel::<(AlignedBuf, usize, usize)>(1);
+        let (wtx, wrx) = std::sync::mpsc::sync_channel::<(AlignedBuf, usize)>(1);
         let (back_tx, back) = std::sync::mpsc::channel();
-        back_tx.send(AlignedBuf::new()).unwrap();
+        for _ in 0..2 {
+            back_tx.send(AlignedBuf::new()).unwrap();
+        }
         let path = p.to_path_buf();
         let wpath = path.clone();
-        let writer = std::thread::spawn(move || -> Result<(std::fs::File, String)> {
+        let hasher = std::thread::spawn(move || -> String {
             use sha2::Digest;
-            use std::os::unix::fs::FileExt;
             let mut h = sha2::Sha256::new();
-            let mut at = 0u64;
             for (mut b, n, logical) in rx {
                 h.update(&b.slice()[..logical]);
+                if wtx.send((b, n)).is_err() {
+                    break; // the writer failed; its error is reported
+                }
+            }
+            format!("{:x}", h.finalize())
+        });
+        let writer = std::thread::spawn(move || -> Result<std::fs::File> {
+            use std::os::unix::fs::FileExt;
+            let mut at = 0u64;
+            for (mut b, n) in wrx {
                 f.write_all_at(&b.slice()[..n], at)
                     .map_err(|e| Error::io(&wpath, e))?;
                 at += n as u64;
                 let _ = back_tx.send(b);
             }
-            Ok((f, format!("{:x}", h.finalize())))
+            Ok(f)
         });
         Ok(HashedFile {
             path,
@@ -256,6 +269,7 @@ impl HashedFile {
             len: 0,
             tx: Some(tx),
             back,
+            hasher: Some(hasher),
             writer: Some(writer),
             direct,
         })
@@ -285,7 +299,7 @@ impl HashedFile {
         Ok(())
     }
 
-    /// Hand the current buffer to the writer and take the other one back.
+    /// Hand the current buffer down the pipeline and take a free one back.
     fn send(&mut self, n: usize, logical: usize) -> Result<()> {
         let b = self.buf.take().unwrap();
         let sent = self.tx.as_ref().unwrap().send((b, n, logical)).is_ok();
@@ -305,12 +319,15 @@ impl HashedFile {
 
     fn join(&mut self) -> Result<(std::fs::File, String)> {
         self.tx = None;
-        match self.writer.take().map(|w| w.join()) {
-            Some(Ok(r)) => r,
-            _ => Err(Error::Msg(format!(
-                "{}: writer thread failed",
-                self.path.display()
-            ))),
+        let failed = || Error::Msg(format!("{}: writer thread failed", self.path.display()));
+        let h = self.hasher.take().map(|h| h.join());
+        let f = match self.writer.take().map(|w| w.join()) {
+            Some(Ok(r)) => r?,
+            _ => return Err(failed()),
+        };
+        match h {
+            Some(Ok(h)) => Ok((f, h)),
+            _ => Err(failed()),
         }
     }
 
@@ -337,8 +354,11 @@ impl HashedFile {
 
 impl Drop for HashedFile {
     fn drop(&mut self) {
-        // Unfinished (an error upstream): stop the writer; the caller removes the file.
+        // Unfinished (an error upstream): stop the threads; the caller removes the file.
         self.tx = None;
+        if let Some(h) = self.hasher.take() {
+            let _ = h.join();
+        }
         if let Some(w) = self.writer.take() {
             let _ = w.join();
         }
