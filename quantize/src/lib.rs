@@ -114,7 +114,13 @@ impl Encoding {
     /// moves values that sit on a rounding boundary by one step, and a deep int16 graph amplifies that).
     #[inline]
     pub fn fake(&self, x: f32) -> f32 {
-        (self.quantize(x) as f32 - (-self.offset) as f32) * self.scale as f32
+        self.dequantize(self.quantize(x))
+    }
+
+    /// `(q − zero_point)·scale` in f32 (DequantizeLinear's arithmetic) for an unsigned-grid integer.
+    #[inline]
+    pub fn dequantize(&self, q: i64) -> f32 {
+        (q as f32 - (-self.offset) as f32) * self.scale as f32
     }
 
     /// The integer on the unsigned grid `[0, 2^bw − 1]` (ONNX's arithmetic, see [`Encoding::fake`]).
@@ -127,7 +133,7 @@ impl Encoding {
     /// [`Encoding::fake`] for params, on [`Encoding::quantize_param`]'s integer.
     #[inline]
     pub fn fake_param(&self, x: f32) -> f32 {
-        (self.quantize_param(x) as f32 - (-self.offset) as f32) * self.scale as f32
+        self.dequantize(self.quantize_param(x))
     }
 
     /// The integer a param (weight, constant) is stored as: AIMET's arithmetic (libpymo, measured against
@@ -700,6 +706,26 @@ mod tests {
         let e = Encoding::compute(4, -0.7, 0.7, true);
         assert!((e.scale - 0.1).abs() < 1e-12);
         assert_eq!(e.offset, -8);
+    }
+
+    #[test]
+    fn params_round_like_aimet_activations_like_onnx() {
+        // Symmetric int8, scale 0.5: x/scale = -67.5 sits on a tie. AIMET adds the zero point first
+        // (-67.5 + 128 = 60.5) and rounds half away → 61 (= -67 signed); ONNX rounds -67.5 half to even →
+        // -68, + 128 = 60.
+        let e = Encoding::compute(8, -64.0, 63.5, true);
+        assert_eq!((e.scale, e.offset), (0.5, -128));
+        assert_eq!(e.quantize_param(-33.75), 61);
+        assert_eq!(e.quantize(-33.75), 60);
+        assert_eq!(e.fake_param(-33.75), -33.5);
+        // A weight of the tiny fixture (layers.0.mlp.up_proj, channel 124) where the two differ without an
+        // exact tie: x/scale = 32.499992 in f32, but 32.499992 + 128 rounds (in f32) to 160.5 → 161.
+        let e = Encoding {
+            scale: 0.0022342384327203035,
+            ..Encoding::compute(8, -0.28, 0.28, true)
+        };
+        assert_eq!(e.quantize_param(0.07261273) - 128, 33);
+        assert_eq!(e.quantize(0.07261273) - 128, 32);
     }
 
     #[test]
