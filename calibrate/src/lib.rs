@@ -271,13 +271,8 @@ pub fn calibrate_with(
             interp.hook = Some(Box::new(obs.clone()));
             &mut interp
         }
+        // (--noise: its set_noise refuses, before any observation.)
         Engine::Ort(b) => {
-            if o.noise {
-                return Err(Error::Msg(
-                    "--noise replaces the interpreter's embeddings; it has no onnxruntime engine"
-                        .into(),
-                ));
-            }
             b.taps = Some(Box::new(obs.clone()));
             b
         }

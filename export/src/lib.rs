@@ -48,7 +48,7 @@ pub struct Options<'a> {
     pub command: Vec<String>,
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
     /// A calibration graph for onnxruntime: these params fake-quantized, every float tensor an output
-    /// (see [`onnx::ExportOptions::taps`]).
+    /// (see [`onnx::ExportOptions::calibration`]).
     pub calibration: Option<&'a std::collections::BTreeMap<String, Vec<hexq_quantize::Encoding>>>,
 }
 
@@ -164,13 +164,13 @@ pub struct FileEntry {
     pub sha256: String,
 }
 
-/// SHA256 of each file, in parallel (the manifest re-reads every output; one core would dominate an export).
-fn sha256_par(files: &[std::path::PathBuf]) -> Result<Vec<String>> {
+/// `hash` of each file, in parallel (one core would dominate an export).
+fn sha256_par(
+    files: &[std::path::PathBuf],
+    hash: fn(&Path) -> Result<String>,
+) -> Result<Vec<String>> {
     use rayon::prelude::*;
-    files
-        .par_iter()
-        .map(|f| hexq_model::fsutil::sha256_file(f))
-        .collect()
+    files.par_iter().map(|f| hash(f)).collect()
 }
 
 /// Every regular file under `dir` (relative paths, sorted), hashed; `skip` names are left out, and files in
@@ -203,7 +203,7 @@ pub fn hash_tree(
         .filter(|(_, r)| !known.contains_key(*r))
         .map(|(f, _)| f.clone())
         .collect();
-    let mut fresh = sha256_par(&todo)?.into_iter();
+    let mut fresh = sha256_par(&todo, hexq_model::fsutil::sha256_file)?.into_iter();
     let hashes: Vec<String> = rel
         .iter()
         .map(|r| match known.get(r) {
@@ -227,13 +227,7 @@ pub fn hash_tree(
 pub fn source_hashes(ck: &Checkpoint) -> Result<serde_json::Value> {
     let mut files = vec![ck.dir.join("config.json")];
     files.extend(ck.store.files.iter().cloned());
-    let hashes: Vec<String> = {
-        use rayon::prelude::*;
-        files
-            .par_iter()
-            .map(|f| hexq_model::fsutil::sha256_file_cached(f))
-            .collect::<Result<_>>()?
-    };
+    let hashes = sha256_par(&files, hexq_model::fsutil::sha256_file_cached)?;
     Ok(serde_json::Value::Object(
         files
             .iter()
@@ -340,8 +334,7 @@ pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Va
                 weights: o.weights,
                 qdq: if o.qdq { enc } else { None },
                 progress: o.progress,
-                fake_params: o.calibration,
-                taps: o.calibration.is_some(),
+                calibration: o.calibration,
             },
         );
         let panicked = || Error::Msg("export worker panicked".into());

@@ -153,10 +153,10 @@ pub struct ExportOptions<'a> {
     pub qdq: Option<&'a Encodings>,
     /// Called after each initializer with the checkpoint bytes it consumed (progress).
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
-    /// A calibration graph (`hexq calibrate --engine ort`): these params written quantize-dequantized (f32)…
-    pub fake_params: Option<&'a BTreeMap<String, Vec<Encoding>>>,
-    /// …and every float node output a graph output as well, so onnxruntime hands each one back.
-    pub taps: bool,
+    /// A calibration graph (`hexq calibrate --engine ort`): these params written quantize-dequantized (f32),
+    /// every float node output a graph output as well (onnxruntime hands each one back), and each MatMul
+    /// weight read through an `Identity`.
+    pub calibration: Option<&'a BTreeMap<String, Vec<Encoding>>>,
 }
 
 impl Default for ExportOptions<'_> {
@@ -166,8 +166,7 @@ impl Default for ExportOptions<'_> {
             weights: WeightType::F32,
             qdq: None,
             progress: None,
-            fake_params: None,
-            taps: false,
+            calibration: None,
         }
     }
 }
@@ -366,8 +365,9 @@ pub fn write_onnx(
         None => (HashMap::new(), HashMap::new()),
     };
     // Reused across weights: converting into fresh vectors faulted in and zeroed ~15 GB of pages.
-    let (mut fbuf, mut tbuf, mut hbuf): (Vec<f32>, Vec<f32>, Vec<u8>) =
-        (Vec::new(), Vec::new(), Vec::new());
+    let (mut fbuf, mut tbuf, mut qbuf, mut hbuf): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u8>) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let taps = o.calibration.is_some();
     for i in &g.initializers {
         let dims: Vec<i64> = i.ty.shape.iter().map(|&d| d as i64).collect();
         let mut src_bytes = 0u64;
@@ -395,8 +395,7 @@ pub fn write_onnx(
                 }
             }
         };
-        let faked: Vec<f32>;
-        let values = match o.fake_params.and_then(|p| p.get(i.name.as_str())) {
+        let values = match o.calibration.and_then(|p| p.get(i.name.as_str())) {
             Some(e) => {
                 let c = e.len();
                 if c != 1 && Some(&c) != i.ty.shape.last() {
@@ -405,12 +404,14 @@ pub fn write_onnx(
                         i.name, i.ty.shape
                     )));
                 }
-                faked = values
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &x)| e[k % c].fake_param(x))
-                    .collect();
-                &faked[..]
+                qbuf.clear();
+                qbuf.extend(
+                    values
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &x)| e[k % c].fake_param(x)),
+                );
+                &qbuf[..]
             }
             None => values,
         };
@@ -539,7 +540,7 @@ pub fn write_onnx(
             Op::Unsqueeze { axes } => konst(&mut em, "axes", axes, &mut inputs)?,
             _ => {}
         }
-        if o.taps && n.op == Op::MatMul && inits.contains(inputs[1].as_str()) {
+        if taps && n.op == Op::MatMul && inits.contains(inputs[1].as_str()) {
             // A calibration graph reads each weight through a node, as aimet-onnx's (weight → its quantizer →
             // MatMul) does: onnxruntime prepacks a constant MatMul input, and MLAS's prepacked and dynamic
             // sgemm paths sum in different orders (measured: bit-identical to AIMET's forward only this way).
@@ -598,7 +599,7 @@ pub fn write_onnx(
                     .iter()
                     .map(|n| &n.outputs[0])
                     .filter(|t| {
-                        o.taps && g.types[*t].dtype.is_float() && !outputs.contains(t.as_str())
+                        taps && g.types[*t].dtype.is_float() && !outputs.contains(t.as_str())
                     })
                     .map(|t| vinfo(t, g.types[t].dtype, &g.types[t].shape, "")),
             )

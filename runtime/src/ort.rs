@@ -167,6 +167,8 @@ pub struct Graph {
     pub name: String,
     /// (name, shape) of every input.
     pub inputs: Vec<(String, Vec<usize>)>,
+    /// Every output name.
+    pub outputs: Vec<String>,
 }
 
 impl Graph {
@@ -226,11 +228,17 @@ impl Graph {
                 (i.name().to_string(), shape)
             })
             .collect();
+        let outputs = session
+            .outputs()
+            .iter()
+            .map(|o| o.name().to_string())
+            .collect();
         let name = onnx.file_stem().unwrap().to_string_lossy().to_string();
         Ok(Graph {
             session,
             name,
             inputs,
+            outputs,
         })
     }
 }
@@ -523,20 +531,12 @@ impl OrtBackend {
                 ort::memory::MemoryType::Default,
             )
             .map_err(|e| oe("memory info", e))?;
-            let bound: std::collections::HashSet<String> = self
-                .kv
-                .keys()
-                .map(|n| format!("present_{}", &n["past_".len()..]))
-                .chain(["hidden_states".to_string()])
-                .collect();
-            let outs: Vec<String> = g
-                .session
-                .outputs()
+            // The taps; present_* and hidden_states are bound to their resident buffers above.
+            for n in g
+                .outputs
                 .iter()
-                .map(|o| o.name().to_string())
-                .filter(|n| !bound.contains(n))
-                .collect();
-            for n in &outs {
+                .filter(|n| !n.starts_with("present_") && *n != "hidden_states")
+            {
                 bind.bind_output_to_device(n.as_str(), &cpu)
                     .map_err(|e| oe(n, e))?;
             }
