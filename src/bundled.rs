@@ -49,7 +49,7 @@ pub fn tiny_gemma4_dir() -> Result<PathBuf> {
     if dir.join("config.json").exists() {
         return Ok(dir);
     }
-    let staging = hexq_model::fsutil::AtomicDir::create(&dir, true)?;
+    let staging = hexq_fsutil::AtomicDir::create(&dir, true)?;
     for (n, b) in FILES {
         std::fs::write(staging.path(n), b)
             .with_context(|| format!("writing bundled model to {}", staging.tmp.display()))?;

@@ -141,7 +141,7 @@ fn qdq_export_in_onnxruntime_matches_hexq_quantsim() {
     if !judges_available() {
         return;
     }
-    use hexq_model::graph::{GraphOptions, Variant};
+    use hexq_graph::{GraphOptions, Variant};
     use std::sync::Arc;
     let t = tempfile::tempdir().unwrap();
     let (_, enc_path, enc8_path) = calibrate_quantize(t.path(), 16, 128, 4);
@@ -177,7 +177,7 @@ fn qdq_export_in_onnxruntime_matches_hexq_quantsim() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let enc: hexq_quantize::Encodings =
             serde_json::from_slice(&std::fs::read(ep).unwrap()).unwrap();
-        let mut q = hexq_quantize::verify::quantsim(&ck, &enc, Variant::DecodeWgqa, &go).unwrap();
+        let mut q = hexq_eval::verify::quantsim(&ck, &enc, Variant::DecodeWgqa, &go).unwrap();
         // Every held-out prompt (prefill token by token through decode, ring wrapping past 16 tokens).
         let mut prompts = Vec::new();
         for r in &recs {
@@ -269,7 +269,7 @@ fn quantsim_step0(
     enc: &hexq_quantize::Encodings,
     id: u32,
 ) -> serde_json::Map<String, Value> {
-    use hexq_model::graph::interp::Hook;
+    use hexq_graph::interp::Hook;
     use std::sync::{Arc, Mutex};
     struct Rec(
         hexq_quantize::quantsim::FakeQuant,
@@ -288,13 +288,11 @@ fn quantsim_step0(
             r
         }
     }
-    let go = hexq_model::graph::GraphOptions {
+    let go = hexq_graph::GraphOptions {
         context: 128,
         seq: 16,
     };
-    let mut q =
-        hexq_quantize::verify::quantsim(ck, enc, hexq_model::graph::Variant::DecodeWgqa, &go)
-            .unwrap();
+    let mut q = hexq_eval::verify::quantsim(ck, enc, hexq_graph::Variant::DecodeWgqa, &go).unwrap();
     let m = Arc::new(Mutex::new(serde_json::Map::new()));
     q.hook = Some(Box::new(Rec(
         hexq_quantize::quantsim::FakeQuant::activations(enc),
@@ -317,7 +315,7 @@ fn ort_backend_matches_the_interpreter_through_ring_wraps_and_trunk_chunks() {
     if !judges_available() {
         return;
     }
-    use hexq_model::graph::{GraphOptions, Variant};
+    use hexq_graph::{GraphOptions, Variant};
     use std::sync::Arc;
     let t = tempfile::tempdir().unwrap();
     let (d, tr) = (t.path().join("d"), t.path().join("t"));
@@ -420,7 +418,7 @@ fn artifacts_manifest_host_model_and_determinism() {
             f["bytes"].as_u64().unwrap()
         );
         assert_eq!(
-            hexq_model::fsutil::sha256_file(&p).unwrap(),
+            hexq_fsutil::sha256_file(&p).unwrap(),
             f["sha256"].as_str().unwrap()
         );
     }

@@ -90,7 +90,7 @@ fn gguf_equals_llama_cpp_converter_and_quantizer_output() {
         .unwrap();
         assert_eq!(
             m["sha256"].as_str().unwrap(),
-            hexq_model::fsutil::sha256_file(&out).unwrap()
+            hexq_fsutil::sha256_file(&out).unwrap()
         );
     }
     // Refuses to overwrite; E2B-like rows (multiple of 256) without --pure name the q6_K gap.

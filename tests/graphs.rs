@@ -1,8 +1,8 @@
 //! Deployable graphs (decode_wgqa, decode_full, trunk) driven by the host loop against the reference forward.
 
+use hexq_graph::ir::{Builder, DType, InitSource, Op};
+use hexq_graph::{build, GraphOptions, Variant};
 use hexq_model::forward::{argmax, to_rows};
-use hexq_model::graph::ir::{Builder, DType, InitSource, Op};
-use hexq_model::graph::{build, GraphOptions, Variant};
 use hexq_model::{Checkpoint, KvCache, Model, ModelConfig};
 use hexq_runtime::graph::GraphBackend;
 use hexq_runtime::Backend;
@@ -223,14 +223,14 @@ fn validator_names_the_node() {
     let mut g = mk();
     g.types.insert(
         "c".into(),
-        hexq_model::graph::ir::TensorType::new(DType::F32, &[4]),
+        hexq_graph::ir::TensorType::new(DType::F32, &[4]),
     );
-    g.initializers.push(hexq_model::graph::ir::Initializer {
+    g.initializers.push(hexq_graph::ir::Initializer {
         name: "c".into(),
-        ty: hexq_model::graph::ir::TensorType::new(DType::F32, &[4]),
+        ty: hexq_graph::ir::TensorType::new(DType::F32, &[4]),
         source: InitSource::F32(vec![0.0; 4]),
     });
-    g.nodes.push(hexq_model::graph::ir::Node {
+    g.nodes.push(hexq_graph::ir::Node {
         name: "z".into(),
         op: Op::Add,
         inputs: vec!["y".into(), "c".into()],
@@ -242,7 +242,7 @@ fn validator_names_the_node() {
     let mut g = mk();
     g.nodes.insert(
         0,
-        hexq_model::graph::ir::Node {
+        hexq_graph::ir::Node {
             name: "w".into(),
             op: Op::Neg,
             inputs: vec!["y".into()],
@@ -255,7 +255,7 @@ fn validator_names_the_node() {
     let mut g = mk();
     g.types.insert(
         "y".into(),
-        hexq_model::graph::ir::TensorType::new(DType::F32, &[3, 2]),
+        hexq_graph::ir::TensorType::new(DType::F32, &[3, 2]),
     );
     let e = g.validate().unwrap_err();
     assert!(e.node == "y" && e.msg.contains("inferred"), "{e}");
@@ -296,11 +296,8 @@ fn io_contract_doc_is_generated_from_the_graphs() {
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/io-contract.md"))
             .unwrap();
     for v in [Variant::DecodeWgqa, Variant::DecodeFull, Variant::Trunk] {
-        let md = hexq_model::graph::report::io_contract_markdown(&build(
-            &cfg,
-            v,
-            &GraphOptions::default(),
-        ));
+        let md =
+            hexq_graph::report::io_contract_markdown(&build(&cfg, v, &GraphOptions::default()));
         assert!(
             doc.contains(&md),
             "docs/io-contract.md is stale for {}: regenerate with hexq graph --io-contract",

@@ -331,7 +331,7 @@ fn encodings_match_aimet_within_one_lsb() {
         return;
     }
     use hexq_calibrate::{calibrate_with, Options, RangeObserver};
-    use hexq_model::graph::{build, GraphOptions, Variant};
+    use hexq_graph::{build, GraphOptions, Variant};
     use std::sync::Arc;
     let dir = root().join(MODEL);
     let ck = Arc::new(hexq_model::Checkpoint::open(&dir).unwrap());
@@ -395,13 +395,11 @@ fn encodings_match_aimet_within_one_lsb() {
     .unwrap();
     let cap = obs.captured.lock().unwrap().clone();
     if std::env::var("HEXQ_DEBUG_JUDGE").is_ok() {
-        use hexq_model::graph::interp::Hook;
+        use hexq_graph::interp::Hook;
         let mut fq = hexq_quantize::quantsim::FakeQuant::from_params(&pe);
-        let w = hexq_model::graph::interp::WeightSource::weight(
-            ck.as_ref(),
-            "layers.0.mlp.up_proj.weight",
-        )
-        .unwrap();
+        let w =
+            hexq_graph::interp::WeightSource::weight(ck.as_ref(), "layers.0.mlp.up_proj.weight")
+                .unwrap();
         let wt = w.t().unwrap();
         let q = fq
             .tensor("layers.0.mlp.up_proj.weight.T", &wt)

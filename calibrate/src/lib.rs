@@ -10,10 +10,10 @@
 //! (e.g. random noise) are refused unless forced — the two calibration failures the published build hit.
 
 use candle_core::{DType as CD, Tensor};
+use hexq_graph::interp::Hook;
+use hexq_graph::{build, GraphOptions, Variant};
 use hexq_model::chat::{Message, Tokenizer, STOP_IDS};
 use hexq_model::forward::argmax;
-use hexq_model::graph::interp::Hook;
-use hexq_model::graph::{build, GraphOptions, Variant};
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_runtime::graph::GraphBackend;
 use hexq_runtime::Hidden;
@@ -158,21 +158,12 @@ pub struct Options {
 /// (AIMET's sequence: param encodings first, activation ranges observed in the param-quantized model).
 pub type ParamMode = String;
 
-pub fn sha256_files(paths: &[&Path]) -> Result<String> {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    for p in paths {
-        h.update(hexq_model::fsutil::sha256_file_cached(p)?.as_bytes());
-    }
-    Ok(format!("{:x}", h.finalize()))
-}
-
 /// Hash identifying a checkpoint: config.json and every safetensors file.
 pub fn model_hash(ck: &Checkpoint) -> Result<String> {
     let cfgp = ck.dir.join("config.json");
     let mut ps: Vec<&Path> = vec![cfgp.as_path()];
     ps.extend(ck.store.files.iter().map(|p| p.as_path()));
-    sha256_files(&ps)
+    Ok(hexq_fsutil::sha256_files(&ps)?)
 }
 
 /// Warnings the guards raise; errors unless forced.
@@ -341,7 +332,7 @@ pub fn calibrate_with(
         variant: o.variant.name().into(),
         model_sha256: model_hash(&ck)?,
         graph_sha256: graph_sha,
-        dataset_sha256: hexq_model::fsutil::sha256_file(dataset)?,
+        dataset_sha256: hexq_fsutil::sha256_file(dataset)?,
         prompts: recs.len(),
         decode_tokens: o.decode_tokens,
         context: o.graph.context,

@@ -7,7 +7,6 @@
 //! gguf-py 0.19). Why our own writer: candle's `gguf_file::write` needs every tensor in memory, and gguf-rs
 //! only reads.
 
-use hexq_model::names;
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_quantize::ggml::{self, GgmlType};
 use std::io::Write;
@@ -77,74 +76,42 @@ impl Val {
     }
 }
 
-/// Checkpoint tensor (prefix-relative) → GGUF name (gguf-py's tensor map for GEMMA4).
-pub fn gguf_name(hf: &str) -> Option<String> {
-    let fixed = match hf {
-        names::EMBED => Some("token_embd.weight"),
-        names::EMBED_PLE => Some("per_layer_token_embd.weight"),
-        names::PLE_PROJ => Some("per_layer_model_proj.weight"),
-        names::PLE_PROJ_NORM => Some("per_layer_proj_norm.weight"),
-        names::FINAL_NORM => Some("output_norm.weight"),
-        _ => None,
-    };
-    if let Some(f) = fixed {
-        return Some(f.into());
-    }
-    let rest = hf.strip_prefix("layers.")?;
-    let (i, t) = rest.split_once('.')?;
-    let g = match t {
-        "input_layernorm.weight" => "attn_norm.weight",
-        "self_attn.q_proj.weight" => "attn_q.weight",
-        "self_attn.k_proj.weight" => "attn_k.weight",
-        "self_attn.v_proj.weight" => "attn_v.weight",
-        "self_attn.o_proj.weight" => "attn_output.weight",
-        "self_attn.q_norm.weight" => "attn_q_norm.weight",
-        "self_attn.k_norm.weight" => "attn_k_norm.weight",
-        "post_attention_layernorm.weight" => "post_attention_norm.weight",
-        "pre_feedforward_layernorm.weight" => "ffn_norm.weight",
-        "post_feedforward_layernorm.weight" => "post_ffw_norm.weight",
-        "mlp.gate_proj.weight" => "ffn_gate.weight",
-        "mlp.up_proj.weight" => "ffn_up.weight",
-        "mlp.down_proj.weight" => "ffn_down.weight",
-        "per_layer_input_gate.weight" => "inp_gate.weight",
-        "per_layer_projection.weight" => "proj.weight",
-        "post_per_layer_input_norm.weight" => "post_norm.weight",
-        "layer_scalar" => "layer_output_scale.weight",
-        _ => return None,
-    };
-    Some(format!("blk.{i}.{g}"))
-}
+pub use hexq_model::names::gguf_name;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum FileType {
+    #[cfg_attr(feature = "clap", value(name = "f32"))]
     F32,
+    #[cfg_attr(feature = "clap", value(name = "f16"))]
     F16,
+    #[cfg_attr(feature = "clap", value(name = "bf16"))]
     BF16,
+    #[cfg_attr(feature = "clap", value(name = "q8_0"))]
     Q8_0,
-    /// llama-quantize's Q4_0 mix.
+    /// llama-quantize's Q4_0 mix (q6_K token embeddings, q4_0 elsewhere; --pure: q4_0 everywhere).
+    #[cfg_attr(feature = "clap", value(name = "q4_0"))]
     Q4_0,
 }
 
 impl FileType {
+    /// (type, name as llama.cpp's tools spell it, llama_ftype written as general.file_type).
+    const TABLE: [(FileType, &'static str, u32); 5] = [
+        (FileType::F32, "f32", 0),
+        (FileType::F16, "f16", 1),
+        (FileType::Q4_0, "q4_0", 2),
+        (FileType::Q8_0, "q8_0", 7),
+        (FileType::BF16, "bf16", 32),
+    ];
     pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "f32" => FileType::F32,
-            "f16" => FileType::F16,
-            "bf16" => FileType::BF16,
-            "q8_0" => FileType::Q8_0,
-            "q4_0" => FileType::Q4_0,
-            _ => return None,
-        })
+        Self::TABLE.iter().find(|r| r.1 == s).map(|r| r.0)
+    }
+    pub fn name(self) -> &'static str {
+        Self::TABLE.iter().find(|r| r.0 == self).unwrap().1
     }
     /// llama_ftype (general.file_type).
     fn id(self) -> u32 {
-        match self {
-            FileType::F32 => 0,
-            FileType::F16 => 1,
-            FileType::Q4_0 => 2,
-            FileType::Q8_0 => 7,
-            FileType::BF16 => 32,
-        }
+        Self::TABLE.iter().find(|r| r.0 == self).unwrap().2
     }
 }
 
@@ -617,7 +584,7 @@ pub fn write_gguf(
     ));
     let res = (|| -> Result<String> {
         // Hashed as written, page cache bypassed (O_DIRECT; see HashedFile).
-        let mut w = hexq_model::fsutil::HashedFile::create(&tmp)?;
+        let mut w = hexq_fsutil::HashedFile::create(&tmp)?;
         w.write_all(&head).map_err(|e| Error::io(&tmp, e))?;
         let mut written = 0u64;
         // Reused across chunks and tensors.

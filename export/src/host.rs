@@ -43,14 +43,14 @@ fn sdtype_name(d: SDType) -> &'static str {
 }
 
 /// A file written and hashed as it streams (page cache bypassed: see `HashedFile`).
-struct Hashed(hexq_model::fsutil::HashedFile);
+struct Hashed(hexq_fsutil::HashedFile);
 
 impl Hashed {
     fn create(p: &Path) -> Result<Self> {
-        Ok(Hashed(hexq_model::fsutil::HashedFile::create(p)?))
+        Ok(Hashed(hexq_fsutil::HashedFile::create(p)?))
     }
     fn put(&mut self, b: &[u8]) -> Result<()> {
-        self.0.put(b)
+        Ok(self.0.put(b)?)
     }
     fn finish(self, name: &str) -> Result<HostFile> {
         let (bytes, sha256) = self.0.finish()?;

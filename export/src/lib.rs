@@ -9,7 +9,7 @@ pub mod host;
 pub mod onnx;
 pub mod onnx_proto;
 
-use hexq_model::graph::{build, Graph, GraphOptions, Variant};
+use hexq_graph::{build, Graph, GraphOptions, Variant};
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_quantize::Encodings;
 use serde::Serialize;
@@ -17,26 +17,8 @@ use serde_json::json;
 use std::collections::HashSet;
 use std::path::Path;
 
-/// The exported variants: the graph and whether it is the int8-KV build of it.
-pub const VARIANTS: &[&str] = &["decode_wgqa", "decode_wgqa_int8kv", "decode_full", "trunk"];
-
-pub fn variant_graph(name: &str) -> Result<(Variant, bool)> {
-    Ok(match name {
-        "decode_wgqa" => (Variant::DecodeWgqa, false),
-        "decode_wgqa_int8kv" => (Variant::DecodeWgqa, true),
-        "decode_full" => (Variant::DecodeFull, false),
-        "trunk" => (Variant::Trunk, false),
-        _ => {
-            return Err(Error::Msg(format!(
-                "unknown variant {name:?} (one of {})",
-                VARIANTS.join(", ")
-            )))
-        }
-    })
-}
-
 pub struct Options<'a> {
-    pub variant: String,
+    pub variant: Variant,
     pub graph: GraphOptions,
     pub encodings: Option<(&'a Path, Encodings)>,
     /// Write the QDQ graph (needs encodings).
@@ -164,15 +146,6 @@ pub struct FileEntry {
     pub sha256: String,
 }
 
-/// `hash` of each file, in parallel (one core would dominate an export).
-fn sha256_par(
-    files: &[std::path::PathBuf],
-    hash: fn(&Path) -> Result<String>,
-) -> Result<Vec<String>> {
-    use rayon::prelude::*;
-    files.par_iter().map(|f| hash(f)).collect()
-}
-
 /// Every regular file under `dir` (relative paths, sorted), hashed; `skip` names are left out, and files in
 /// `known` (relative path → SHA256 computed while writing them) are not read again.
 pub fn hash_tree(
@@ -203,7 +176,7 @@ pub fn hash_tree(
         .filter(|(_, r)| !known.contains_key(*r))
         .map(|(f, _)| f.clone())
         .collect();
-    let mut fresh = sha256_par(&todo, hexq_model::fsutil::sha256_file)?.into_iter();
+    let mut fresh = hexq_fsutil::sha256_par(&todo, hexq_fsutil::sha256_file)?.into_iter();
     let hashes: Vec<String> = rel
         .iter()
         .map(|r| match known.get(r) {
@@ -227,7 +200,7 @@ pub fn hash_tree(
 pub fn source_hashes(ck: &Checkpoint) -> Result<serde_json::Value> {
     let mut files = vec![ck.dir.join("config.json")];
     files.extend(ck.store.files.iter().cloned());
-    let hashes = sha256_par(&files, hexq_model::fsutil::sha256_file_cached)?;
+    let hashes = hexq_fsutil::sha256_par(&files, hexq_fsutil::sha256_file_cached)?;
     Ok(serde_json::Value::Object(
         files
             .iter()
@@ -250,10 +223,7 @@ pub fn source_identity(ck: &Checkpoint) -> Result<serde_json::Value> {
     use std::io::Read;
     let mut m = serde_json::Map::new();
     let cfg = ck.dir.join("config.json");
-    m.insert(
-        "config.json".into(),
-        hexq_model::fsutil::sha256_file(&cfg)?.into(),
-    );
+    m.insert("config.json".into(), hexq_fsutil::sha256_file(&cfg)?.into());
     for f in &ck.store.files {
         let mut h = std::fs::File::open(f).map_err(|e| Error::io(f, e))?;
         let mut n = [0u8; 8];
@@ -271,7 +241,7 @@ pub fn source_identity(ck: &Checkpoint) -> Result<serde_json::Value> {
 
 /// The I/O contract of a graph as JSON (what a host loop or a compiler needs to bind buffers).
 pub fn io_contract_json(g: &Graph, enc: Option<&Encodings>) -> serde_json::Value {
-    let io = |v: &hexq_model::graph::ir::ValueInfo| {
+    let io = |v: &hexq_graph::ir::ValueInfo| {
         let mut o = json!({"name": v.name, "dtype": format!("{:?}", v.ty.dtype).to_lowercase(),
             "shape": v.ty.shape, "doc": v.doc});
         if let Some(e) = enc.and_then(|e| e.activation_encodings.get(&v.name)) {
@@ -299,7 +269,7 @@ fn write_json(p: &Path, v: &impl Serialize) -> Result<()> {
 /// Write one variant's artifacts into `dir` (a staging directory the caller renames into place):
 /// `<variant>.onnx` + `.data`, `<variant>.encodings.json`, `host-model/`, `io-contract.json`, `manifest.json`.
 pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Value> {
-    let (v, int8kv) = variant_graph(&o.variant)?;
+    let (v, int8kv) = (o.variant, o.variant.int8_kv());
     let g = build(&ck.config, v, &o.graph);
     g.validate().map_err(|e| Error::Msg(e.to_string()))?;
     if int8kv && o.encodings.is_none() {
@@ -330,7 +300,7 @@ pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Va
             &g,
             dir,
             &onnx::ExportOptions {
-                stem: Some(o.variant.clone()),
+                stem: Some(o.variant.name().to_string()),
                 weights: o.weights,
                 qdq: if o.qdq { enc } else { None },
                 progress: o.progress,
@@ -365,7 +335,7 @@ pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Va
     let manifest = json!({
         "hexq_version": env!("CARGO_PKG_VERSION"),
         "command": o.command,
-        "variant": o.variant,
+        "variant": o.variant.name(),
         "graph": {"name": g.name, "sha256": g.content_hash(), "context": o.graph.context, "seq": o.graph.seq,
                   "onnx": files[0].0, "qdq": o.qdq, "weights": format!("{:?}", o.weights).to_lowercase(),
                   "calibration": o.calibration.is_some()},

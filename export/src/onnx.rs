@@ -12,7 +12,7 @@
 //! signed storage, `zero_point = −offset − 2^(bw−1)` (0 for the usual −128 / −32768).
 
 use crate::onnx_proto::*;
-use hexq_model::graph::ir::{DType, Graph, InitSource, Op, OPSET};
+use hexq_graph::ir::{DType, Graph, InitSource, Op, OPSET};
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_quantize::{Encoding, Encodings};
 use prost::Message;
@@ -81,7 +81,7 @@ struct DataWriter<'a> {
     files: Vec<String>,
     /// The current file, hashed as it is written (the manifest needs the SHA256s; re-reading gigabytes to
     /// hash them was a third of the export), and the hashes of the finished ones.
-    cur: Option<hexq_model::fsutil::HashedFile>,
+    cur: Option<hexq_fsutil::HashedFile>,
     off: u64,
     sha256: Vec<String>,
 }
@@ -98,7 +98,7 @@ impl DataWriter<'_> {
                 format!("{}.{}.data", self.stem, self.files.len())
             };
             let p = self.dir.join(&name);
-            self.cur = Some(hexq_model::fsutil::HashedFile::create(&p)?);
+            self.cur = Some(hexq_fsutil::HashedFile::create(&p)?);
             self.files.push(name);
             self.off = 0;
         }
@@ -139,6 +139,7 @@ fn external(t: &mut TensorProto, file: &str, off: u64, len: usize) {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum WeightType {
     F32,
     /// f16 storage, `Cast` to f32 in the graph (half the .data; numerics of an f16 checkpoint).

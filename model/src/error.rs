@@ -29,6 +29,8 @@ pub enum Error {
     Msg(String),
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Fs(#[from] hexq_fsutil::Error),
 }
 
 impl Error {

@@ -8,7 +8,7 @@
 use crate::checkpoint::Checkpoint;
 use crate::config::{AttnKind, KvMode, LayerSpec, ModelConfig};
 use crate::error::Result;
-use crate::names::{self, layer};
+use crate::names::{self, LayerTensor as LT};
 use candle_core::{DType as CDType, Device, Tensor, D};
 use std::sync::Arc;
 
@@ -223,23 +223,23 @@ impl Model {
             let own = l.kv_mode != KvMode::Reuse;
             layers.push(LayerW {
                 spec: l.clone(),
-                input_ln: t(&layer(i, "input_layernorm.weight"))?,
-                post_attn_ln: t(&layer(i, "post_attention_layernorm.weight"))?,
-                pre_ff_ln: t(&layer(i, "pre_feedforward_layernorm.weight"))?,
-                post_ff_ln: t(&layer(i, "post_feedforward_layernorm.weight"))?,
-                q: t(&layer(i, "self_attn.q_proj.weight"))?,
-                q_norm: t(&layer(i, "self_attn.q_norm.weight"))?,
-                k: opt(&layer(i, "self_attn.k_proj.weight"), own)?,
-                v: opt(&layer(i, "self_attn.v_proj.weight"), own && !l.k_eq_v)?,
-                k_norm: opt(&layer(i, "self_attn.k_norm.weight"), own)?,
-                o: t(&layer(i, "self_attn.o_proj.weight"))?,
-                gate: t(&layer(i, "mlp.gate_proj.weight"))?,
-                up: t(&layer(i, "mlp.up_proj.weight"))?,
-                down: t(&layer(i, "mlp.down_proj.weight"))?,
-                ple_gate: opt(&layer(i, "per_layer_input_gate.weight"), ple)?,
-                ple_proj: opt(&layer(i, "per_layer_projection.weight"), ple)?,
-                ple_post_ln: opt(&layer(i, "post_per_layer_input_norm.weight"), ple)?,
-                scalar: ckpt.f32(&layer(i, "layer_scalar"))?[0],
+                input_ln: t(&LT::InputNorm.name(i))?,
+                post_attn_ln: t(&LT::PostAttnNorm.name(i))?,
+                pre_ff_ln: t(&LT::PreFfnNorm.name(i))?,
+                post_ff_ln: t(&LT::PostFfnNorm.name(i))?,
+                q: t(&LT::Q.name(i))?,
+                q_norm: t(&LT::QNorm.name(i))?,
+                k: opt(&LT::K.name(i), own)?,
+                v: opt(&LT::V.name(i), own && !l.k_eq_v)?,
+                k_norm: opt(&LT::KNorm.name(i), own)?,
+                o: t(&LT::O.name(i))?,
+                gate: t(&LT::Gate.name(i))?,
+                up: t(&LT::Up.name(i))?,
+                down: t(&LT::Down.name(i))?,
+                ple_gate: opt(&LT::PleGate.name(i), ple)?,
+                ple_proj: opt(&LT::PleProj.name(i), ple)?,
+                ple_post_ln: opt(&LT::PlePostNorm.name(i), ple)?,
+                scalar: ckpt.f32(&LT::Scalar.name(i))?[0],
             });
         }
         let inv_freq = cfg

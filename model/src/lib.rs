@@ -12,8 +12,6 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod forward;
-pub mod fsutil;
-pub mod graph;
 pub mod hostmodel;
 pub mod names;
 pub mod synth;

@@ -1,7 +1,7 @@
 //! The one table of Gemma-4 text tensors: names (relative to the layout's prefix), shapes and roles.
 //! Loader checks, `hexq synth`, `hexq inspect`, the exporters and the ablation classes all read it.
 
-use crate::config::{KvMode, ModelConfig};
+use crate::config::{KvMode, LayerSpec, ModelConfig};
 use serde::Serialize;
 
 /// What a tensor is for; decides host vs graph placement and ablation class.
@@ -57,8 +57,134 @@ pub const FINAL_NORM: &str = "norm.weight";
 /// Untied head, outside the model prefix.
 pub const LM_HEAD: &str = "lm_head.weight";
 
-pub fn layer(i: usize, t: &str) -> String {
-    format!("layers.{i}.{t}")
+/// Model-level tensors: (HF name relative to the prefix, GGUF name) — gguf-py's tensor map for GEMMA4.
+pub const GLOBAL_TENSORS: [(&str, &str); 5] = [
+    (EMBED, "token_embd.weight"),
+    (EMBED_PLE, "per_layer_token_embd.weight"),
+    (PLE_PROJ, "per_layer_model_proj.weight"),
+    (PLE_PROJ_NORM, "per_layer_proj_norm.weight"),
+    (FINAL_NORM, "output_norm.weight"),
+];
+
+/// The per-layer tensors (gguf-py's `MODEL_TENSOR`): every reader of a layer's weights names them
+/// through this enum, and [`LAYER_TENSORS`] holds each one's facts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerTensor {
+    InputNorm,
+    PostAttnNorm,
+    PreFfnNorm,
+    PostFfnNorm,
+    Q,
+    QNorm,
+    K,
+    V,
+    KNorm,
+    O,
+    Gate,
+    Up,
+    Down,
+    PleGate,
+    PleProj,
+    PlePostNorm,
+    Scalar,
+}
+
+/// When a layer has the tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    Always,
+    /// Layers that compute their own K/V (not KV-sharing readers).
+    OwnsKv,
+    /// Layers that own K/V with a separate value projection (not `attention_k_eq_v`).
+    OwnsV,
+    /// Models with per-layer embeddings.
+    Ple,
+}
+
+/// One row of the table: the tensor's names, role, presence and shape rule.
+pub struct LayerTensorDef {
+    pub t: LayerTensor,
+    /// Name under `layers.{i}.` (transformers' state_dict).
+    pub hf: &'static str,
+    /// Name under `blk.{i}.` (llama.cpp's converter).
+    pub gguf: &'static str,
+    pub role: Role,
+    pub when: Presence,
+    pub shape: fn(&ModelConfig, &LayerSpec) -> Vec<usize>,
+}
+
+use LayerTensor as L;
+use Presence as P;
+
+/// Every per-layer tensor, in checkpoint order.
+#[rustfmt::skip]
+pub const LAYER_TENSORS: [LayerTensorDef; 17] = [
+    LayerTensorDef { t: L::InputNorm, hf: "input_layernorm.weight", gguf: "attn_norm.weight", role: Role::Norm, when: P::Always, shape: |c, _| vec![c.hidden_size] },
+    LayerTensorDef { t: L::PostAttnNorm, hf: "post_attention_layernorm.weight", gguf: "post_attention_norm.weight", role: Role::Norm, when: P::Always, shape: |c, _| vec![c.hidden_size] },
+    LayerTensorDef { t: L::PreFfnNorm, hf: "pre_feedforward_layernorm.weight", gguf: "ffn_norm.weight", role: Role::Norm, when: P::Always, shape: |c, _| vec![c.hidden_size] },
+    LayerTensorDef { t: L::PostFfnNorm, hf: "post_feedforward_layernorm.weight", gguf: "post_ffw_norm.weight", role: Role::Norm, when: P::Always, shape: |c, _| vec![c.hidden_size] },
+    LayerTensorDef { t: L::Q, hf: "self_attn.q_proj.weight", gguf: "attn_q.weight", role: Role::Attention, when: P::Always, shape: |c, l| vec![c.num_heads * l.head_dim, c.hidden_size] },
+    LayerTensorDef { t: L::QNorm, hf: "self_attn.q_norm.weight", gguf: "attn_q_norm.weight", role: Role::Norm, when: P::Always, shape: |_, l| vec![l.head_dim] },
+    LayerTensorDef { t: L::K, hf: "self_attn.k_proj.weight", gguf: "attn_k.weight", role: Role::Attention, when: P::OwnsKv, shape: |c, l| vec![l.num_kv_heads * l.head_dim, c.hidden_size] },
+    LayerTensorDef { t: L::V, hf: "self_attn.v_proj.weight", gguf: "attn_v.weight", role: Role::Attention, when: P::OwnsV, shape: |c, l| vec![l.num_kv_heads * l.head_dim, c.hidden_size] },
+    LayerTensorDef { t: L::KNorm, hf: "self_attn.k_norm.weight", gguf: "attn_k_norm.weight", role: Role::Norm, when: P::OwnsKv, shape: |_, l| vec![l.head_dim] },
+    LayerTensorDef { t: L::O, hf: "self_attn.o_proj.weight", gguf: "attn_output.weight", role: Role::Attention, when: P::Always, shape: |c, l| vec![c.hidden_size, c.num_heads * l.head_dim] },
+    LayerTensorDef { t: L::Gate, hf: "mlp.gate_proj.weight", gguf: "ffn_gate.weight", role: Role::Mlp, when: P::Always, shape: |c, l| vec![l.mlp_width, c.hidden_size] },
+    LayerTensorDef { t: L::Up, hf: "mlp.up_proj.weight", gguf: "ffn_up.weight", role: Role::Mlp, when: P::Always, shape: |c, l| vec![l.mlp_width, c.hidden_size] },
+    LayerTensorDef { t: L::Down, hf: "mlp.down_proj.weight", gguf: "ffn_down.weight", role: Role::Mlp, when: P::Always, shape: |c, l| vec![c.hidden_size, l.mlp_width] },
+    LayerTensorDef { t: L::PleGate, hf: "per_layer_input_gate.weight", gguf: "inp_gate.weight", role: Role::Ple, when: P::Ple, shape: |c, _| vec![c.ple_dim, c.hidden_size] },
+    LayerTensorDef { t: L::PleProj, hf: "per_layer_projection.weight", gguf: "proj.weight", role: Role::Ple, when: P::Ple, shape: |c, _| vec![c.hidden_size, c.ple_dim] },
+    LayerTensorDef { t: L::PlePostNorm, hf: "post_per_layer_input_norm.weight", gguf: "post_norm.weight", role: Role::Norm, when: P::Ple, shape: |c, _| vec![c.hidden_size] },
+    LayerTensorDef { t: L::Scalar, hf: "layer_scalar", gguf: "layer_output_scale.weight", role: Role::Norm, when: P::Always, shape: |_, _| vec![1] },
+];
+
+impl LayerTensor {
+    pub fn def(self) -> &'static LayerTensorDef {
+        LAYER_TENSORS
+            .iter()
+            .find(|d| d.t == self)
+            .expect("every LayerTensor has a row")
+    }
+    /// Checkpoint name relative to the prefix: `layers.{i}.<hf>`.
+    pub fn name(self, i: usize) -> String {
+        format!("layers.{i}.{}", self.def().hf)
+    }
+    /// The module path without `.weight` (graph node names: `layers.{i}.self_attn.q_proj`).
+    pub fn module(self, i: usize) -> String {
+        format!("layers.{i}.{}", self.def().hf.trim_end_matches(".weight"))
+    }
+    /// `layers.{i}.<hf>` → (i, tensor).
+    pub fn parse(name: &str) -> Option<(usize, LayerTensor)> {
+        let (i, t) = name.strip_prefix("layers.")?.split_once('.')?;
+        let d = LAYER_TENSORS.iter().find(|d| d.hf == t)?;
+        Some((i.parse().ok()?, d.t))
+    }
+    /// The RMSNorm whose output this projection reads (q/k/v: the input norm; gate/up: the pre-FFN norm).
+    pub fn input_norm(self) -> Option<LayerTensor> {
+        match self {
+            L::Q | L::K | L::V => Some(L::InputNorm),
+            L::Gate | L::Up => Some(L::PreFfnNorm),
+            _ => None,
+        }
+    }
+    /// Whether layer `l` of a model `c` has this tensor.
+    pub fn present(self, c: &ModelConfig, l: &LayerSpec) -> bool {
+        match self.def().when {
+            Presence::Always => true,
+            Presence::OwnsKv => l.kv_mode != KvMode::Reuse,
+            Presence::OwnsV => l.kv_mode != KvMode::Reuse && !l.k_eq_v,
+            Presence::Ple => c.ple_dim > 0,
+        }
+    }
+}
+
+/// Checkpoint tensor (prefix-relative) → GGUF name, from the two tables.
+pub fn gguf_name(hf: &str) -> Option<String> {
+    if let Some((_, g)) = GLOBAL_TENSORS.iter().find(|(h, _)| *h == hf) {
+        return Some(g.to_string());
+    }
+    let (i, t) = LayerTensor::parse(hf)?;
+    Some(format!("blk.{i}.{}", t.def().gguf))
 }
 
 /// Every tensor the text decoder reads, in checkpoint order (as transformers' state_dict lists them).
@@ -91,100 +217,11 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<TensorSpec> {
         push(PLE_PROJ_NORM.into(), vec![c.ple_dim], Role::Norm, None);
     }
     for l in &c.layers {
-        let i = Some(l.index);
-        let (d, hq, hkv) = (l.head_dim, c.num_heads, l.num_kv_heads);
-        for n in [
-            "input_layernorm",
-            "post_attention_layernorm",
-            "pre_feedforward_layernorm",
-            "post_feedforward_layernorm",
-        ] {
-            push(
-                layer(l.index, &format!("{n}.weight")),
-                vec![h],
-                Role::Norm,
-                i,
-            );
-        }
-        push(
-            layer(l.index, "self_attn.q_proj.weight"),
-            vec![hq * d, h],
-            Role::Attention,
-            i,
-        );
-        push(
-            layer(l.index, "self_attn.q_norm.weight"),
-            vec![d],
-            Role::Norm,
-            i,
-        );
-        if l.kv_mode != KvMode::Reuse {
-            push(
-                layer(l.index, "self_attn.k_proj.weight"),
-                vec![hkv * d, h],
-                Role::Attention,
-                i,
-            );
-            if !l.k_eq_v {
-                push(
-                    layer(l.index, "self_attn.v_proj.weight"),
-                    vec![hkv * d, h],
-                    Role::Attention,
-                    i,
-                );
+        for d in &LAYER_TENSORS {
+            if d.t.present(c, l) {
+                push(d.t.name(l.index), (d.shape)(c, l), d.role, Some(l.index));
             }
-            push(
-                layer(l.index, "self_attn.k_norm.weight"),
-                vec![d],
-                Role::Norm,
-                i,
-            );
         }
-        push(
-            layer(l.index, "self_attn.o_proj.weight"),
-            vec![h, hq * d],
-            Role::Attention,
-            i,
-        );
-        push(
-            layer(l.index, "mlp.gate_proj.weight"),
-            vec![l.mlp_width, h],
-            Role::Mlp,
-            i,
-        );
-        push(
-            layer(l.index, "mlp.up_proj.weight"),
-            vec![l.mlp_width, h],
-            Role::Mlp,
-            i,
-        );
-        push(
-            layer(l.index, "mlp.down_proj.weight"),
-            vec![h, l.mlp_width],
-            Role::Mlp,
-            i,
-        );
-        if c.ple_dim > 0 {
-            push(
-                layer(l.index, "per_layer_input_gate.weight"),
-                vec![c.ple_dim, h],
-                Role::Ple,
-                i,
-            );
-            push(
-                layer(l.index, "per_layer_projection.weight"),
-                vec![h, c.ple_dim],
-                Role::Ple,
-                i,
-            );
-            push(
-                layer(l.index, "post_per_layer_input_norm.weight"),
-                vec![h],
-                Role::Norm,
-                i,
-            );
-        }
-        push(layer(l.index, "layer_scalar"), vec![1], Role::Norm, i);
     }
     push(FINAL_NORM.into(), vec![h], Role::Norm, None);
     if !c.tie_word_embeddings {

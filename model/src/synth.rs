@@ -6,9 +6,9 @@
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::fsutil::AtomicDir;
 use crate::names::{expected_tensors, Role, TensorSpec, LM_HEAD};
 use half::bf16;
+use hexq_fsutil::AtomicDir;
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 use rayon::prelude::*;

@@ -21,13 +21,11 @@
 //! instead of 0.153 on the tiny model). With the full range a 1-step flip of a score moves its softmax weight
 //! by 16 %: it was the largest quantization error of the graph and the amplifier of engine differences.
 
-pub mod ablate;
 pub mod ggml;
 pub mod quantsim;
-pub mod verify;
 
 use hexq_calibrate::Stats;
-use hexq_model::graph::ir::{Graph, InitSource, Op};
+use hexq_graph::ir::{Graph, InitSource, Op};
 use hexq_model::{Checkpoint, Error, Result};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -283,6 +281,13 @@ pub struct Encodings {
     pub hexq: serde_json::Value,
 }
 
+impl Encodings {
+    pub fn from_file(p: &std::path::Path) -> Result<Self> {
+        let t = std::fs::read_to_string(p).map_err(|e| Error::io(p, e))?;
+        serde_json::from_str(&t).map_err(|e| Error::file(p, format!("invalid encodings: {e}")))
+    }
+}
+
 /// Problems the guards report; `quantize` refuses them unless forced.
 pub fn check_stats(stats: &Stats) -> Vec<String> {
     let mut w = Vec::new();
@@ -469,7 +474,7 @@ pub fn tie_groups(g: &Graph) -> BTreeMap<String, String> {
     // Plus the KV write `present = Where(is_slot, new_row, past)`: HTP's select needs its value inputs and
     // output on one encoding (mismatched ones fail graph finalization, measured with onnxruntime-qnn 2.7),
     // which aimet-onnx does not tie by default.
-    let tie = |n: &hexq_model::graph::ir::Node| {
+    let tie = |n: &hexq_graph::ir::Node| {
         matches!(n.op, Op::Concat { .. } | Op::ScatterND)
             || (n.op == Op::Where && n.outputs[0].starts_with("present_"))
     };

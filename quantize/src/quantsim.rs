@@ -3,7 +3,7 @@
 
 use crate::Encodings;
 use candle_core::{Device, Tensor};
-use hexq_model::graph::interp::Hook;
+use hexq_graph::interp::Hook;
 use std::collections::HashMap;
 use std::sync::Arc;
 

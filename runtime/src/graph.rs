@@ -4,10 +4,10 @@
 
 use crate::{Backend, Result};
 use candle_core::{DType as CD, Device, Tensor};
+use hexq_graph::build::{past_key, past_value, present_key, present_value};
+use hexq_graph::interp::{Hook, Interpreter, NoHook};
+use hexq_graph::Graph;
 use hexq_model::forward::{to_rows, Host};
-use hexq_model::graph::build::{past_key, past_value, present_key, present_value};
-use hexq_model::graph::interp::{Hook, Interpreter, NoHook};
-use hexq_model::graph::Graph;
 use hexq_model::Error;
 use std::collections::HashMap;
 
@@ -75,11 +75,11 @@ impl GraphBackend {
     /// The usual set-up: the `decode` graph, plus a trunk sharing its weights when `trunk` (chunked prefill).
     pub fn for_model(
         ck: &std::sync::Arc<hexq_model::Checkpoint>,
-        decode: hexq_model::graph::Variant,
+        decode: hexq_graph::Variant,
         trunk: bool,
-        o: &hexq_model::graph::GraphOptions,
+        o: &hexq_graph::GraphOptions,
     ) -> Result<Self> {
-        use hexq_model::graph::{build, Variant};
+        use hexq_graph::{build, Variant};
         let d = Interpreter::new(build(&ck.config, decode, o), ck.clone())?;
         let t = if trunk {
             Some(

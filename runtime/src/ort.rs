@@ -269,12 +269,12 @@ pub struct OrtBackend {
     pub capture: Option<Vec<Vec<(String, Vec<u8>)>>>,
     /// When set, sees every float input and every float output of every run (a graph exported with taps has
     /// every node output among its outputs): calibration on onnxruntime's arithmetic.
-    pub taps: Option<Box<dyn hexq_model::graph::interp::Hook + Send>>,
+    pub taps: Option<Box<dyn hexq_graph::interp::Hook + Send>>,
 }
 
 /// Hand one onnxruntime f32 value to a hook (as a candle tensor, the interpreter's currency).
 fn tap(
-    hook: &mut dyn hexq_model::graph::interp::Hook,
+    hook: &mut dyn hexq_graph::interp::Hook,
     name: &str,
     shape: &[i64],
     x: &[f32],

@@ -1,6 +1,6 @@
 //! Graph summaries (`hexq graph`) and the I/O contract document generated from the graphs themselves.
 
-use super::ir::{Graph, InitSource};
+use crate::ir::{Graph, InitSource};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -46,7 +46,7 @@ pub fn kv_traffic(g: &Graph) -> KvTraffic {
 }
 
 pub fn summary(g: &Graph) -> Summary {
-    let io = |v: &super::ir::ValueInfo| {
+    let io = |v: &crate::ir::ValueInfo| {
         (
             v.name.clone(),
             format!("{:?}", v.ty.dtype),

@@ -11,14 +11,14 @@
 //! export directory atomically (temp dir, then rename), and are recorded in manifest.json and SHA256SUMS.
 
 use anyhow::{anyhow, bail, Context, Result};
-use hexq_model::fsutil::{sha256_file, write_atomic};
+use hexq_fsutil::{sha256_file, write_atomic};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-pub const TARGETS_JSON: &str = include_str!("../compile-scripts/htp_targets.json");
-const ORT_QNN_SCRIPT: &str = include_str!("../compile-scripts/ort_qnn_compile.py");
+pub const TARGETS_JSON: &str = include_str!("../../compile-scripts/htp_targets.json");
+const ORT_QNN_SCRIPT: &str = include_str!("../../compile-scripts/ort_qnn_compile.py");
 
 /// The table's row for a target (v75, v79, v81).
 pub fn target(t: &str) -> Result<Value> {
@@ -31,10 +31,20 @@ pub fn target(t: &str) -> Result<Value> {
         })
 }
 
+/// How the binary is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum Toolchain {
+    /// onnxruntime-qnn's QNN HTP backend (PyPI).
+    OrtQnn,
+    /// The QAIRT SDK at $QAIRT_DIR (or --dry-run without one).
+    Qairt,
+}
+
 pub struct Args {
     pub dir: PathBuf,
     pub target: String,
-    pub toolchain: String,
+    pub toolchain: Toolchain,
     pub dry_run: bool,
     pub force: bool,
     pub json: bool,
@@ -53,10 +63,9 @@ pub fn compile(a: Args) -> Result<()> {
         .as_str()
         .ok_or_else(|| anyhow!("{}: no variant", a.dir.join("manifest.json").display()))?
         .to_string();
-    match a.toolchain.as_str() {
-        "ort-qnn" => ort_qnn(&a, &t, &m, &variant),
-        "qairt" => qairt(&a, &t, &m, &variant),
-        o => bail!("unknown toolchain {o:?} (ort-qnn, qairt)"),
+    match a.toolchain {
+        Toolchain::OrtQnn => ort_qnn(&a, &t, &m, &variant),
+        Toolchain::Qairt => qairt(&a, &t, &m, &variant),
     }
 }
 
@@ -300,7 +309,7 @@ fn qairt(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
     }
     let name = format!("{variant}_{}", a.target);
     let out = a.dir.join(format!("qairt-{name}"));
-    let dir = hexq_model::fsutil::AtomicDir::create(&out, a.force)?;
+    let dir = hexq_fsutil::AtomicDir::create(&out, a.force)?;
     let (dsp, soc_model, vtcm, o) = (
         t["dsp_arch"].as_str().unwrap(),
         t["soc_model"].clone(),
@@ -455,7 +464,7 @@ fn raw_inputs(dir: &Path, out: &Path, steps: usize) -> Result<Vec<String>> {
 fn first_calibration_prompt() -> Result<String> {
     let p = Path::new("datasets/calibration.jsonl");
     let s = std::fs::read_to_string(p)
-        .unwrap_or_else(|_| include_str!("../datasets/calibration.jsonl").to_string());
+        .unwrap_or_else(|_| include_str!("../../datasets/calibration.jsonl").to_string());
     let line = s
         .lines()
         .next()

@@ -12,34 +12,78 @@
 //!   over past ring + the chunk, writes the chunk into the rings (Gather/Where, no duplicate-index scatter),
 //!   so prompts longer than SEQ run as consecutive chunks.
 
-use super::ir::{Builder, DType, Graph, Op, NEG};
-use crate::config::{AttnKind, KvMode, LayerSpec, ModelConfig};
-use crate::names::{self, layer};
+use crate::ir::{Builder, DType, Graph, Op, NEG};
+use hexq_model::config::{AttnKind, KvMode, LayerSpec, ModelConfig};
+use hexq_model::names::{self, LayerTensor as LT};
 use serde::Serialize;
 
+/// The deployable variants: every command takes these names (dashes accepted for underscores).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Variant {
+    /// One token per call, ring-buffer KV, broadcast GQA (no Expand).
+    #[cfg_attr(feature = "clap", value(name = "decode_wgqa", alias = "decode-wgqa"))]
     DecodeWgqa,
+    /// decode_wgqa's graph with int8 KV encodings (a quantized build only).
+    #[cfg_attr(
+        feature = "clap",
+        value(name = "decode_wgqa_int8kv", alias = "decode-wgqa-int8kv")
+    )]
+    DecodeWgqaInt8kv,
+    /// The naive baseline: every buffer `context` long, KV expanded per query head.
+    #[cfg_attr(feature = "clap", value(name = "decode_full", alias = "decode-full"))]
     DecodeFull,
+    /// SEQ-token prefill chunks over the same KV buffers.
+    #[cfg_attr(feature = "clap", value(name = "trunk"))]
     Trunk,
 }
 
 impl Variant {
+    pub const ALL: [Variant; 4] = [
+        Variant::DecodeWgqa,
+        Variant::DecodeWgqaInt8kv,
+        Variant::DecodeFull,
+        Variant::Trunk,
+    ];
     pub fn name(self) -> &'static str {
         match self {
             Variant::DecodeWgqa => "decode_wgqa",
+            Variant::DecodeWgqaInt8kv => "decode_wgqa_int8kv",
             Variant::DecodeFull => "decode_full",
             Variant::Trunk => "trunk",
         }
     }
+    /// A name as the CLI, stats, encodings and manifests write it (`decode-wgqa` too).
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "decode_wgqa" => Some(Variant::DecodeWgqa),
-            "decode_full" => Some(Variant::DecodeFull),
-            "trunk" => Some(Variant::Trunk),
-            _ => None,
+        let s = s.replace('-', "_");
+        Variant::ALL.into_iter().find(|v| v.name() == s)
+    }
+    /// The graph this variant runs: int8 KV is decode_wgqa's graph with other encodings.
+    pub fn graph(self) -> Variant {
+        match self {
+            Variant::DecodeWgqaInt8kv => Variant::DecodeWgqa,
+            v => v,
         }
+    }
+    pub fn int8_kv(self) -> bool {
+        self == Variant::DecodeWgqaInt8kv
+    }
+    pub fn is_trunk(self) -> bool {
+        self == Variant::Trunk
+    }
+    /// The decode graph a host loop pairs with this variant (a trunk prefills for decode_wgqa).
+    pub fn decode(self) -> Variant {
+        match self {
+            Variant::Trunk => Variant::DecodeWgqa,
+            v => v.graph(),
+        }
+    }
+}
+
+impl std::fmt::Display for Variant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -419,6 +463,7 @@ impl Ctx<'_> {
 
 /// Build one variant for a config.
 pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
+    let v = v.graph();
     let s = if v == Variant::Trunk { o.seq } else { 1 };
     let mut b = Builder::new(v.name());
     let (hsz, l_n, p_dim, hq) = (cfg.hidden_size, cfg.num_layers, cfg.ple_dim, cfg.num_heads);
@@ -582,17 +627,11 @@ pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
         let (cos, sin) = rope[&l.kind].clone();
         let x = c.rms_norm(
             &h,
-            Some((&layer(i, "input_layernorm.weight"), hsz)),
-            &format!("{p}.input_layernorm"),
+            Some((&LT::InputNorm.name(i), hsz)),
+            &LT::InputNorm.module(i),
         );
         // Queries grouped per KV head: [1, Hq, S, d] viewed as [1, Hkv, G*S, d].
-        let q = c.linear(
-            &x,
-            &layer(i, "self_attn.q_proj.weight"),
-            hq * d,
-            hsz,
-            &format!("{p}.self_attn.q_proj"),
-        );
+        let q = c.linear(&x, &LT::Q.name(i), hq * d, hsz, &LT::Q.module(i));
         let q = c.n(
             Op::Reshape {
                 shape: vec![1, s as i64, hq as i64, d as i64],
@@ -600,11 +639,7 @@ pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
             &[&q],
             &format!("{p}.self_attn.q_heads"),
         );
-        let q = c.rms_norm(
-            &q,
-            Some((&layer(i, "self_attn.q_norm.weight"), d)),
-            &format!("{p}.self_attn.q_norm"),
-        );
+        let q = c.rms_norm(&q, Some((&LT::QNorm.name(i), d)), &LT::QNorm.module(i));
         let q = c.n(
             Op::Transpose {
                 perm: vec![0, 2, 1, 3],
@@ -614,13 +649,7 @@ pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
         );
         let q = c.rope(&q, &cos, &sin, d, &format!("{p}.self_attn.q_rope"));
         if l.kv_mode != KvMode::Reuse {
-            let k = c.linear(
-                &x,
-                &layer(i, "self_attn.k_proj.weight"),
-                hkv * d,
-                hsz,
-                &format!("{p}.self_attn.k_proj"),
-            );
+            let k = c.linear(&x, &LT::K.name(i), hkv * d, hsz, &LT::K.module(i));
             let k = c.n(
                 Op::Reshape {
                     shape: vec![1, s as i64, hkv as i64, d as i64],
@@ -631,13 +660,7 @@ pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
             let vraw = if l.k_eq_v {
                 k.clone()
             } else {
-                let vv = c.linear(
-                    &x,
-                    &layer(i, "self_attn.v_proj.weight"),
-                    hkv * d,
-                    hsz,
-                    &format!("{p}.self_attn.v_proj"),
-                );
+                let vv = c.linear(&x, &LT::V.name(i), hkv * d, hsz, &LT::V.module(i));
                 c.n(
                     Op::Reshape {
                         shape: vec![1, s as i64, hkv as i64, d as i64],
@@ -646,11 +669,7 @@ pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
                     &format!("{p}.self_attn.v_heads"),
                 )
             };
-            let k = c.rms_norm(
-                &k,
-                Some((&layer(i, "self_attn.k_norm.weight"), d)),
-                &format!("{p}.self_attn.k_norm"),
-            );
+            let k = c.rms_norm(&k, Some((&LT::KNorm.name(i), d)), &LT::KNorm.module(i));
             let k = c.n(
                 Op::Transpose {
                     perm: vec![0, 2, 1, 3],
@@ -829,52 +848,34 @@ pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
             &[&a],
             &format!("{p}.self_attn.attn_flat"),
         );
-        let a = c.linear(
-            &a,
-            &layer(i, "self_attn.o_proj.weight"),
-            hsz,
-            hq * d,
-            &format!("{p}.self_attn.o_proj"),
-        );
+        let a = c.linear(&a, &LT::O.name(i), hsz, hq * d, &LT::O.module(i));
         let a = c.rms_norm(
             &a,
-            Some((&layer(i, "post_attention_layernorm.weight"), hsz)),
-            &format!("{p}.post_attention_layernorm"),
+            Some((&LT::PostAttnNorm.name(i), hsz)),
+            &LT::PostAttnNorm.module(i),
         );
         h = c.n(Op::Add, &[&h, &a], &format!("{p}.attn_residual"));
         // MLP
         let x = c.rms_norm(
             &h,
-            Some((&layer(i, "pre_feedforward_layernorm.weight"), hsz)),
-            &format!("{p}.pre_feedforward_layernorm"),
+            Some((&LT::PreFfnNorm.name(i), hsz)),
+            &LT::PreFfnNorm.module(i),
         );
-        let gt = c.linear(
-            &x,
-            &layer(i, "mlp.gate_proj.weight"),
-            l.mlp_width,
-            hsz,
-            &format!("{p}.mlp.gate_proj"),
-        );
+        let gt = c.linear(&x, &LT::Gate.name(i), l.mlp_width, hsz, &LT::Gate.module(i));
         let gt = c.gelu_tanh(&gt, &format!("{p}.mlp.act"));
-        let up = c.linear(
-            &x,
-            &layer(i, "mlp.up_proj.weight"),
-            l.mlp_width,
-            hsz,
-            &format!("{p}.mlp.up_proj"),
-        );
+        let up = c.linear(&x, &LT::Up.name(i), l.mlp_width, hsz, &LT::Up.module(i));
         let gu = c.n(Op::Mul, &[&gt, &up], &format!("{p}.mlp.gated"));
         let dn = c.linear(
             &gu,
-            &layer(i, "mlp.down_proj.weight"),
+            &LT::Down.name(i),
             hsz,
             l.mlp_width,
-            &format!("{p}.mlp.down_proj"),
+            &LT::Down.module(i),
         );
         let dn = c.rms_norm(
             &dn,
-            Some((&layer(i, "post_feedforward_layernorm.weight"), hsz)),
-            &format!("{p}.post_feedforward_layernorm"),
+            Some((&LT::PostFfnNorm.name(i), hsz)),
+            &LT::PostFfnNorm.module(i),
         );
         h = c.n(Op::Add, &[&h, &dn], &format!("{p}.mlp_residual"));
         // Per-layer input
@@ -895,30 +896,24 @@ pub fn build(cfg: &ModelConfig, v: Variant, o: &GraphOptions) -> Graph {
                 &[&pi],
                 &format!("{p}.per_layer_input"),
             );
-            let gg = c.linear(
-                &h,
-                &layer(i, "per_layer_input_gate.weight"),
-                p_dim,
-                hsz,
-                &format!("{p}.per_layer_input_gate"),
-            );
+            let gg = c.linear(&h, &LT::PleGate.name(i), p_dim, hsz, &LT::PleGate.module(i));
             let gg = c.gelu_tanh(&gg, &format!("{p}.per_layer_act"));
             let gg = c.n(Op::Mul, &[&gg, &pi], &format!("{p}.per_layer_gated"));
             let pp = c.linear(
                 &gg,
-                &layer(i, "per_layer_projection.weight"),
+                &LT::PleProj.name(i),
                 hsz,
                 p_dim,
-                &format!("{p}.per_layer_projection"),
+                &LT::PleProj.module(i),
             );
             let pp = c.rms_norm(
                 &pp,
-                Some((&layer(i, "post_per_layer_input_norm.weight"), hsz)),
-                &format!("{p}.post_per_layer_input_norm"),
+                Some((&LT::PlePostNorm.name(i), hsz)),
+                &LT::PlePostNorm.module(i),
             );
             h = c.n(Op::Add, &[&h, &pp], &format!("{p}.per_layer_residual"));
         }
-        let sc = c.b.weight(&layer(i, "layer_scalar"), &[1], false);
+        let sc = c.b.weight(&LT::Scalar.name(i), &[1], false);
         h = c.n(Op::Mul, &[&h, &sc], &format!("{p}.out"));
     }
     let hn = c.rms_norm(&h, Some((names::FINAL_NORM, hsz)), "norm");

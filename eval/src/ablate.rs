@@ -2,8 +2,8 @@
 //! activations float), side by side against float — the per-channel vs group-wise comparison the published
 //! 4-bit build rests on (granularity, not bit-width, decides accuracy).
 //!
-//! Grids (all symmetric): `int8-pc` / `int4-pc` per output channel (AIMET's rule, [`crate::Encoding`]);
-//! `q4_0-g32` ggml's q4_0 exactly ([`crate::ggml`]); `g64` / `g128` the same q4_0 rule over 64/128-wide
+//! Grids (all symmetric): `int8-pc` / `int4-pc` per output channel (AIMET's rule, [`hexq_quantize::Encoding`]);
+//! `q4_0-g32` ggml's q4_0 exactly ([`hexq_quantize::ggml`]); `g64` / `g128` the same q4_0 rule over 64/128-wide
 //! groups; `int4-pc-mlp-only` int4 per channel on the MLP, attention float.
 //!
 //! `heavy_tail`: random checkpoints lack the outlier input channels real LLMs have, so every grid looks
@@ -11,10 +11,11 @@
 //! (log-normal, σ = 1: a few channels 20× and more) *without changing the float function*: W·diag(s) with the
 //! preceding RMSNorm weight divided by s (x·w/s feeds W·s). Float stays float; the grids now face outliers.
 
-use crate::Encoding;
 use candle_core::{Device, Tensor};
 use half::f16;
-use hexq_model::graph::interp::Hook;
+use hexq_graph::interp::Hook;
+use hexq_model::names::{LayerTensor, Role};
+use hexq_quantize::Encoding;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -62,8 +63,8 @@ impl Scheme {
 fn q4_group(x: &mut [f32]) {
     if x.len() == 32 {
         let mut b = Vec::with_capacity(18);
-        crate::ggml::quantize_q4_0(x, &mut b).expect("finite weights");
-        x.copy_from_slice(&crate::ggml::dequantize_q4_0(&b));
+        hexq_quantize::ggml::quantize_q4_0(x, &mut b).expect("finite weights");
+        x.copy_from_slice(&hexq_quantize::ggml::dequantize_q4_0(&b));
         return;
     }
     let (mut amax, mut max) = (0f32, 0f32);
@@ -97,10 +98,12 @@ pub fn apply_grid(grid: Grid, w: &mut [f32], cols: usize) {
     });
 }
 
+/// A MatMul weight's class (its view name `….weight.T` or the checkpoint name), from the tensor table.
 pub fn class_of(name: &str) -> &'static str {
-    if name.contains("self_attn") {
+    let role = LayerTensor::parse(name.trim_end_matches(".T")).map(|(_, t)| t.def().role);
+    if role == Some(Role::Attention) {
         "attention"
-    } else if name.contains(".mlp.") {
+    } else if role == Some(Role::Mlp) {
         "mlp"
     } else if name.contains("embed") {
         "embeddings"
@@ -148,22 +151,14 @@ pub struct GridHook {
     pub sqnr: Sqnr,
 }
 
-fn norm_of(name: &str) -> Option<(usize, &'static str)> {
-    // MatMul weight (as its [in, out] view "….weight.T") → (layer, the RMSNorm that feeds it).
-    let rest = name.strip_prefix("layers.")?;
-    let (i, t) = rest.split_once('.')?;
-    let norm = match t {
-        "self_attn.q_proj.weight.T" | "self_attn.k_proj.weight.T" | "self_attn.v_proj.weight.T" => {
-            "input_layernorm"
-        }
-        "mlp.gate_proj.weight.T" | "mlp.up_proj.weight.T" => "pre_feedforward_layernorm",
-        _ => return None,
-    };
-    Some((i.parse().ok()?, norm))
+/// MatMul weight (as its [in, out] view "….weight.T") → (layer, the RMSNorm that feeds it).
+fn norm_of(name: &str) -> Option<(usize, LayerTensor)> {
+    let (i, t) = LayerTensor::parse(name.strip_suffix(".T")?)?;
+    Some((i, t.input_norm()?))
 }
 
-fn seed_for(layer: usize, norm: &str) -> u64 {
-    layer as u64 * 1000 + if norm == "input_layernorm" { 1 } else { 2 }
+fn seed_for(layer: usize, norm: LayerTensor) -> u64 {
+    layer as u64 * 1000 + if norm == LayerTensor::InputNorm { 1 } else { 2 }
 }
 
 impl Hook for GridHook {
@@ -171,13 +166,11 @@ impl Hook for GridHook {
         let dims = t.dims().to_vec();
         if self.heavy_tail && dims.len() == 1 {
             // The norm weights that feed scaled inputs: w / s.
-            let rest = name.strip_prefix("layers.")?;
-            let (i, n) = rest.split_once('.')?;
-            let norm = n.strip_suffix(".weight")?;
-            if norm != "input_layernorm" && norm != "pre_feedforward_layernorm" {
+            let (i, norm) = LayerTensor::parse(name)?;
+            if norm != LayerTensor::InputNorm && norm != LayerTensor::PreFfnNorm {
                 return None;
             }
-            let s = heavy_scales(seed_for(i.parse().ok()?, norm), dims[0]);
+            let s = heavy_scales(seed_for(i, norm), dims[0]);
             let v: Vec<f32> = t.to_vec1().ok()?;
             let v: Vec<f32> = v.iter().zip(&s).map(|(w, s)| w / s).collect();
             return Tensor::from_vec(v, dims.as_slice(), &Device::Cpu).ok();
@@ -273,10 +266,10 @@ pub fn ablate(
     seqs: &[Vec<u32>],
     schemes: &[Scheme],
     heavy_tail: bool,
-    o: &hexq_model::graph::GraphOptions,
+    o: &hexq_graph::GraphOptions,
     pb: &indicatif::ProgressBar,
 ) -> hexq_model::Result<Report> {
-    use hexq_model::graph::Variant;
+    use hexq_graph::Variant;
     use hexq_runtime::graph::GraphBackend;
     let run = |scheme: Option<Scheme>| -> hexq_model::Result<(Vec<Vec<Vec<f32>>>, Vec<Vec<Vec<f32>>>, Sqnr)> {
         let sqnr: Sqnr = Default::default();

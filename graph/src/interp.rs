@@ -2,10 +2,10 @@
 //! (an observer sees every tensor) and quantsim (a hook may replace any tensor, e.g. by its fake-quantized
 //! copy). Weights are fetched lazily from a [`WeightSource`] and cached per initializer.
 
-use super::ir::{DType, Graph, InitSource, Op};
-use crate::checkpoint::Checkpoint;
-use crate::error::{Error, Result};
+use crate::ir::{DType, Graph, InitSource, Op};
 use candle_core::{DType as CD, Device, Tensor};
+use hexq_model::checkpoint::Checkpoint;
+use hexq_model::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

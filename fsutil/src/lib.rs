@@ -1,7 +1,35 @@
 //! Atomic outputs: every artifact is written under a temporary name beside its destination and renamed into
-//! place only when complete, so a failure never leaves a half-written file or directory behind.
+//! place only when complete, so a failure never leaves a half-written file or directory behind; and the
+//! SHA256 helpers that manifests and stats use to name their inputs and outputs.
 
-use crate::error::{Error, Result};
+/// What went wrong, and with which file.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {msg}")]
+    File { path: PathBuf, msg: String },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub fn file(p: &Path, msg: impl Into<String>) -> Self {
+        Error::File {
+            path: p.to_path_buf(),
+            msg: msg.into(),
+        }
+    }
+    pub fn io(p: &Path, e: std::io::Error) -> Self {
+        Error::Io {
+            path: p.to_path_buf(),
+            source: e,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
 use std::path::{Path, PathBuf};
 
 /// A directory being built at `<dest>.tmp-<pid>`; `commit` renames it to `dest`. Dropped uncommitted, it is removed.
@@ -106,6 +134,22 @@ pub fn sha256_file(p: &Path) -> Result<String> {
             break;
         }
         h.update(&buf[..n]);
+    }
+    Ok(format!("{:x}", h.finalize()))
+}
+
+/// `hash` of each file, in parallel (one core would dominate an export's manifest).
+pub fn sha256_par(files: &[PathBuf], hash: fn(&Path) -> Result<String>) -> Result<Vec<String>> {
+    use rayon::prelude::*;
+    files.par_iter().map(|f| hash(f)).collect()
+}
+
+/// One SHA256 over several files' (cached) SHA256s: the identity of a checkpoint or a dataset.
+pub fn sha256_files(paths: &[&Path]) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for p in paths {
+        h.update(sha256_file_cached(p)?.as_bytes());
     }
     Ok(format!("{:x}", h.finalize()))
 }
@@ -313,13 +357,13 @@ impl HashedFile {
             _ => Err(self
                 .join()
                 .err()
-                .unwrap_or_else(|| Error::Msg(format!("{}: writer stopped", self.path.display())))),
+                .unwrap_or_else(|| Error::file(&self.path, "writer stopped"))),
         }
     }
 
     fn join(&mut self) -> Result<(std::fs::File, String)> {
         self.tx = None;
-        let failed = || Error::Msg(format!("{}: writer thread failed", self.path.display()));
+        let failed = || Error::file(&self.path, "writer thread failed");
         let h = self.hasher.take().map(|h| h.join());
         let f = match self.writer.take().map(|w| w.join()) {
             Some(Ok(r)) => r?,

@@ -2,15 +2,15 @@
 //! top-1, hidden cosine, KL, token-exact greedy, a per-step decode cosine trace, final-norm collapse and
 //! range coverage.
 
-use crate::quantsim::FakeQuant;
-use crate::Encodings;
 use candle_core::Tensor;
 use hexq_calibrate::{Range, RangeObserver, Record, Stats};
+use hexq_graph::interp::Hook;
+use hexq_graph::{GraphOptions, Variant};
 use hexq_model::chat::Tokenizer;
 use hexq_model::forward::argmax;
-use hexq_model::graph::interp::Hook;
-use hexq_model::graph::{GraphOptions, Variant};
 use hexq_model::{Checkpoint, Result};
+use hexq_quantize::quantsim::FakeQuant;
+use hexq_quantize::Encodings;
 use hexq_runtime::graph::GraphBackend;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -339,4 +339,70 @@ fn summarize(
         coverage_outside,
         per_prompt: per,
     }
+}
+
+/// The report as `hexq verify` prints it: one Markdown table (with the coverage rows when stats were given).
+pub fn markdown(r: &Report, with_coverage: bool) -> String {
+    let mut s = format!(
+        "| metric ({} on {} held-out prompts) | value |\n|---|---|\n",
+        r.variant, r.prompts
+    );
+    let mut line = |l: String| {
+        s += &l;
+        s.push('\n');
+    };
+    line(format!(
+        "| next-token top-1 agreement (prefill) | {:.1} % |",
+        100.0 * r.top1_agreement
+    ));
+    line(format!(
+        "| hidden cosine mean / min | {:.5} / {:.5} |",
+        r.cosine_mean, r.cosine_min
+    ));
+    line(format!(
+        "| KL(float ‖ quant) mean / max | {:.2e} / {:.2e} |",
+        r.kl_mean, r.kl_max
+    ));
+    if r.greedy_steps > 0 {
+        line(format!(
+            "| token-exact greedy, {} steps | {}/{} |",
+            r.greedy_steps, r.greedy_exact, r.prompts
+        ));
+        let tr: Vec<String> = r
+            .step_cosine_mean
+            .iter()
+            .map(|c| format!("{c:.4}"))
+            .collect();
+        line(format!(
+            "| decode cosine per step (mean) | {} |",
+            tr.join(" → ")
+        ));
+    }
+    let collapsed = if r.collapsed {
+        "  COLLAPSED (< 0.1)"
+    } else {
+        ""
+    };
+    line(format!(
+        "| final hidden norm ratio min (quant/float) | {:.3}{collapsed} |",
+        r.norm_ratio_min
+    ));
+    if with_coverage {
+        line(format!(
+            "| tensors outside calibrated range on held-out | {} |",
+            r.coverage_outside.len()
+        ));
+        for c in r.coverage_outside.iter().take(5) {
+            line(format!(
+                "|   {} | calib [{:.4}, {:.4}] held-out [{:.4}, {:.4}] (+{:.1} % of range) |",
+                c.tensor,
+                c.calibrated.0,
+                c.calibrated.1,
+                c.heldout.0,
+                c.heldout.1,
+                100.0 * c.excess
+            ));
+        }
+    }
+    s
 }

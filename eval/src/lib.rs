@@ -1,0 +1,10 @@
+//! hexq-eval: how far a quantized build is from float, measured the way users judge it.
+//!
+//! - [`verify`]: quantsim (or any backend) vs the float graph on held-out chat prompts — next-token top-1,
+//!   hidden cosine, KL, token-exact greedy, the per-step decode cosine trace, norm collapse, coverage;
+//! - [`qnn`]: the same figures for compiled context binaries on QNN HTP (the simulator on x86-64);
+//! - [`ablate`]: weights-only grids (per-channel int8/int4, q4_0 and wider groups) side by side.
+
+pub mod ablate;
+pub mod qnn;
+pub mod verify;

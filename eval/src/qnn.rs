@@ -1,0 +1,127 @@
+//! `hexq verify --backend qnn`: per compiled export × target, the HTP-simulated graph vs float and vs hexq's
+//! quantsim, and quantsim vs float as the baseline — the offline answer to "will the device match quantsim?".
+
+use crate::verify::{backend, compare, compare_many, quantsim, Report};
+use hexq_calibrate::Record;
+use hexq_graph::{GraphOptions, Variant};
+use hexq_model::chat::Tokenizer;
+use hexq_model::{Checkpoint, Error, Result};
+use hexq_runtime::ort::{manifest, Ep, OrtBackend};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// One line of the table: `candidate` measured against `reference` for one export on one target
+/// (`target` is "-" for the quantsim-vs-float baseline).
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub variant: String,
+    pub target: String,
+    pub candidate: String,
+    pub reference: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contexts_created: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_buffers_allocated: Option<usize>,
+    pub report: Report,
+}
+
+/// Every export in `artifacts` on every target; `progress(label)` makes a bar per comparison.
+pub fn verify_qnn(
+    ck: &Arc<Checkpoint>,
+    tok: &Tokenizer,
+    recs: &[Record],
+    artifacts: &[PathBuf],
+    targets: &[String],
+    steps: usize,
+    progress: &dyn Fn(&str) -> indicatif::ProgressBar,
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for a in artifacts {
+        let m = manifest(a)?;
+        let vname = m["variant"].as_str().unwrap_or_default().to_string();
+        let v = Variant::parse(&vname).ok_or_else(|| {
+            Error::file(
+                &a.join("manifest.json"),
+                format!("unknown variant {vname:?}"),
+            )
+        })?;
+        let o = GraphOptions {
+            context: m["graph"]["context"].as_u64().unwrap_or(4096) as usize,
+            seq: m["graph"]["seq"].as_u64().unwrap_or(128) as usize,
+        };
+        let encp = a.join(format!("{vname}.encodings.json"));
+        let enc = hexq_quantize::Encodings::from_file(&encp)?;
+        let st = if v.is_trunk() { 0 } else { steps };
+        let mut float = backend(ck, v, &o)?;
+        let mut qs = quantsim(ck, &enc, v, &o)?;
+        let pb = progress(&format!("{vname}: quantsim vs float"));
+        let r = compare(&vname, &mut float, &mut qs, tok, recs, o.context, st, &pb)?;
+        pb.finish_and_clear();
+        rows.push(row(&vname, "-", "quantsim", "float", None, r));
+        for t in targets {
+            let mut htp = OrtBackend::open(&[a.clone()], 1, Ep::Qnn { target: t.clone() })?;
+            // HTP runs once against both references (decode steps follow float's greedy tokens).
+            let pb = progress(&format!("{vname} {t}: HTP vs float and quantsim"));
+            let refs: &mut [&mut dyn hexq_runtime::Hidden] = &mut [&mut float, &mut qs];
+            let rs = compare_many(&vname, refs, &mut htp, tok, recs, o.context, st, &pb)?;
+            pb.finish_and_clear();
+            let counts = (htp.sessions_created, htp.kv_buffers_allocated);
+            for (refname, r) in ["float", "quantsim"].into_iter().zip(rs) {
+                rows.push(row(&vname, t, "htp", refname, Some(counts), r));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn row(v: &str, t: &str, cand: &str, rf: &str, counts: Option<(usize, usize)>, r: Report) -> Row {
+    Row {
+        variant: v.into(),
+        target: t.into(),
+        candidate: cand.into(),
+        reference: rf.into(),
+        contexts_created: counts.map(|c| c.0),
+        kv_buffers_allocated: counts.map(|c| c.1),
+        report: r,
+    }
+}
+
+/// The rows as one Markdown table.
+pub fn markdown(rows: &[Row]) -> String {
+    let mut s = String::from("| variant | target | candidate vs reference | top-1 | hidden cos mean / min | KL mean / max | greedy exact | decode cos per step (mean) |\n|---|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        let p = &r.report;
+        let tr: Vec<String> = p
+            .step_cosine_mean
+            .iter()
+            .map(|c| format!("{c:.4}"))
+            .collect();
+        let greedy = if p.greedy_steps > 0 {
+            format!(
+                "{}/{} ({} steps)",
+                p.greedy_exact, p.prompts, p.greedy_steps
+            )
+        } else {
+            "-".into()
+        };
+        let trace = if tr.is_empty() {
+            "-".into()
+        } else {
+            tr.join(" → ")
+        };
+        s += &format!(
+            "| {} | {} | {} vs {} | {:.1} % | {:.5} / {:.5} | {:.2e} / {:.2e} | {greedy} | {trace} |\n",
+            r.variant,
+            r.target,
+            r.candidate,
+            r.reference,
+            100.0 * p.top1_agreement,
+            p.cosine_mean,
+            p.cosine_min,
+            p.kl_mean,
+            p.kl_max,
+        );
+    }
+    s
+}

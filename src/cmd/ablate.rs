@@ -1,0 +1,103 @@
+//! `hexq ablate`: weights-only grids vs float, side by side (table, JSON/CSV, SVG plot).
+
+use super::{count_progress, model_dir};
+use anyhow::Result;
+use hexq_eval::ablate::{ablate, Scheme};
+use hexq_graph::GraphOptions;
+use hexq_model::chat::Tokenizer;
+use hexq_model::Checkpoint;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// Checkpoint directory (config.json + safetensors); default: the bundled tiny Gemma-4.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Comma list of int8-pc, int4-pc, int4-pc-mlp-only, q4_0-g32, g64, g128.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = parse_scheme,
+        default_value = ALL_SCHEMES
+    )]
+    pub schemes: Vec<Scheme>,
+    #[arg(long, default_value = "datasets/heldout.jsonl")]
+    pub dataset: PathBuf,
+    #[arg(long, default_value_t = 24)]
+    pub limit: usize,
+    /// Heavy-tailed input-channel scales folded into the weights (function-preserving; see README).
+    #[arg(long)]
+    pub heavy_tail: bool,
+    #[arg(long, default_value_t = 512)]
+    pub context: usize,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long)]
+    pub csv: bool,
+    /// Write the accuracy-vs-bits plot here (SVG).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+fn parse_scheme(s: &str) -> Result<Scheme, String> {
+    Scheme::parse(s.trim()).ok_or_else(|| {
+        format!("unknown scheme {s:?} (int8-pc, int4-pc, int4-pc-mlp-only, q4_0-g32, g64, g128)")
+    })
+}
+
+pub const ALL_SCHEMES: &str = "int8-pc,int4-pc,q4_0-g32,g64,g128,int4-pc-mlp-only";
+
+impl Args {
+    pub fn new(model: Option<PathBuf>, dataset: PathBuf, limit: usize, context: usize) -> Self {
+        Args {
+            model,
+            schemes: ALL_SCHEMES.split(',').filter_map(Scheme::parse).collect(),
+            dataset,
+            limit,
+            heavy_tail: false,
+            context,
+            json: false,
+            csv: false,
+            plot: None,
+        }
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let dir = model_dir(a.model.clone())?;
+    let ck = Arc::new(Checkpoint::open(&dir)?);
+    let tok = Tokenizer::from_dir(&dir)?;
+    let recs = hexq_calibrate::load_dataset(&a.dataset)?;
+    let mut seqs = Vec::new();
+    for r in recs.iter().take(a.limit) {
+        let ids = match &r.messages {
+            Some(m) => tok.encode_chat(m)?,
+            None => anyhow::bail!(
+                "{}: record {} is not chat-formatted",
+                a.dataset.display(),
+                r.id
+            ),
+        };
+        seqs.push(ids.into_iter().take(a.context).collect::<Vec<u32>>());
+    }
+    let pb = count_progress("ablate");
+    pb.set_length(a.schemes.len() as u64 + 1);
+    let o = GraphOptions {
+        context: a.context,
+        seq: 128,
+    };
+    let rep = ablate(&ck, &seqs, &a.schemes, a.heavy_tail, &o, &pb)?;
+    pb.finish_and_clear();
+    if let Some(p) = &a.plot {
+        hexq_fsutil::write_atomic(p, rep.svg().as_bytes())?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rep)?);
+    } else if a.csv {
+        print!("{}", rep.csv());
+    } else {
+        print!("{}", rep.markdown());
+    }
+    Ok(())
+}

@@ -1,0 +1,204 @@
+//! `hexq calibrate`: activation ranges of a graph over chat-formatted decode loops.
+
+use super::{count_progress, model_dir, progress, write_json};
+use anyhow::Result;
+use clap::ValueEnum;
+use hexq_graph::{GraphOptions, Variant};
+use hexq_model::chat::Tokenizer;
+use hexq_model::Checkpoint;
+type CalibrationParams = std::collections::BTreeMap<String, Vec<hexq_quantize::Encoding>>;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// Checkpoint directory (config.json + safetensors); default: the bundled tiny Gemma-4.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// JSONL prompts (datasets/calibration.jsonl).
+    #[arg(long, default_value = "datasets/calibration.jsonl")]
+    pub dataset: PathBuf,
+    /// The graph observed (decode_wgqa_int8kv observes decode_wgqa's graph).
+    #[arg(long, value_enum, default_value_t = Variant::DecodeWgqa)]
+    pub variant: Variant,
+    /// Tokens generated (and observed) after each prompt.
+    #[arg(long, default_value_t = 8)]
+    pub decode_tokens: usize,
+    /// Use only the first N prompts.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+    #[arg(long, default_value_t = 128)]
+    pub seq: usize,
+    /// Feed N(0,1) noise instead of token embeddings (the documented failure mode; refused unless --force).
+    #[arg(long)]
+    pub noise: bool,
+    /// Weights during calibration.
+    #[arg(long, value_enum, default_value_t = Params::Int8)]
+    pub params: Params,
+    /// Param overrides (e.g. W4 MLP) applied to the weights during calibration, as `quantize` will.
+    #[arg(long)]
+    pub overrides: Option<PathBuf>,
+    /// Where the forward passes run.
+    #[arg(long, value_enum, default_value_t = Engine::Interp)]
+    pub engine: Engine,
+    /// Turn the guards' refusals into warnings.
+    #[arg(long)]
+    pub force: bool,
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Params {
+    /// Fake-quantized int8 per channel (AIMET's sequence: activation ranges observed in the param-quantized
+    /// model).
+    Int8,
+    /// The float weights.
+    Float,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Engine {
+    /// hexq's graph interpreter.
+    Interp,
+    /// onnxruntime on the exported graph (a scratch export beside --out, removed after): the arithmetic
+    /// aimet-onnx calibrates with, so the encodings match an AIMET QuantSim's to 1 LSB (needs libonnxruntime).
+    Ort,
+}
+
+impl Args {
+    /// Calibration of the decode graph on `limit` prompts of `dataset`, every other option at its default.
+    pub fn new(
+        model: Option<PathBuf>,
+        dataset: PathBuf,
+        limit: usize,
+        context: usize,
+        out: PathBuf,
+    ) -> Self {
+        Args {
+            model,
+            dataset,
+            variant: Variant::DecodeWgqa,
+            decode_tokens: 8,
+            limit: Some(limit),
+            context,
+            seq: 128,
+            noise: false,
+            params: Params::Int8,
+            overrides: None,
+            engine: Engine::Interp,
+            force: false,
+            out,
+        }
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.engine == Engine::Ort && a.noise {
+        anyhow::bail!("--noise replaces the interpreter's embeddings; use --engine interp");
+    }
+    let dir = model_dir(a.model.clone())?;
+    let ck = Arc::new(Checkpoint::open(&dir)?);
+    let tok = Tokenizer::from_dir(&dir)?;
+    let o = hexq_calibrate::Options {
+        variant: a.variant.graph(),
+        graph: GraphOptions {
+            context: a.context,
+            seq: a.seq,
+        },
+        decode_tokens: a.decode_tokens,
+        limit: a.limit,
+        force: a.force,
+        noise: a.noise,
+    };
+    let (pe, mode) = match a.params {
+        Params::Float => (None, "float".to_string()),
+        Params::Int8 => {
+            let ov = match &a.overrides {
+                Some(p) => hexq_quantize::Overrides::from_file(p)?,
+                None => Default::default(),
+            };
+            let g = hexq_graph::build(&ck.config, o.variant, &o.graph);
+            let mode = match a.overrides {
+                Some(_) => "int8_per_channel+overrides",
+                None => "int8_per_channel",
+            };
+            (
+                Some(hexq_quantize::calibration_params(&ck, &g, &ov)?),
+                mode.into(),
+            )
+        }
+    };
+    // The ort engine runs a scratch export of the variant; AtomicDir never committed = removed on every
+    // exit path.
+    let scratch;
+    let mut ob;
+    let eng = if a.engine == Engine::Ort {
+        scratch = hexq_fsutil::AtomicDir::create(&a.out.with_extension("ort-graph"), true)?;
+        ob = ort_engine(&ck, &o, pe.as_ref(), &scratch.tmp)?;
+        hexq_calibrate::Engine::Ort(&mut ob)
+    } else {
+        hexq_calibrate::Engine::Interp {
+            params: pe.as_ref().map(|p| {
+                Box::new(hexq_quantize::quantsim::FakeQuant::from_params(p))
+                    as Box<dyn hexq_graph::interp::Hook + Send>
+            }),
+        }
+    };
+    let pb = count_progress("calibrate");
+    let st = hexq_calibrate::calibrate_with(
+        ck.clone(),
+        &tok,
+        &a.dataset,
+        &o,
+        &pb,
+        Default::default(),
+        eng,
+        mode,
+    )?;
+    pb.finish_and_clear();
+    write_json(&a.out, &st)?;
+    eprintln!(
+        "{}: {} tensors from {} prompts ({} tokens observed, variant {})",
+        a.out.display(),
+        st.tensors.len(),
+        st.prompts,
+        st.tokens_observed,
+        st.variant
+    );
+    Ok(())
+}
+
+/// onnxruntime on a scratch export of the variant in `dir`: calibration params baked into f32 weights,
+/// every float tensor an output.
+fn ort_engine(
+    ck: &Checkpoint,
+    o: &hexq_calibrate::Options,
+    params: Option<&CalibrationParams>,
+    dir: &std::path::Path,
+) -> Result<hexq_runtime::ort::OrtBackend> {
+    let pb = progress(0, "export (ort engine)");
+    hexq_export::export(
+        ck,
+        dir,
+        &hexq_export::Options {
+            variant: o.variant,
+            graph: o.graph,
+            encodings: None,
+            qdq: false,
+            weights: hexq_export::onnx::WeightType::F32,
+            host: Some(hexq_export::host::HostDType::Native),
+            command: std::env::args().collect(),
+            progress: None,
+            calibration: Some(params.unwrap_or(&Default::default())),
+        },
+    )?;
+    pb.finish_and_clear();
+    Ok(hexq_runtime::ort::OrtBackend::open(
+        &[dir.to_path_buf()],
+        0,
+        hexq_runtime::ort::Ep::Cpu,
+    )?)
+}

@@ -1,0 +1,96 @@
+//! One file per subcommand: each has a `clap::Args` struct and a `run(args)`; `pipeline` calls the others
+//! with those same structs. What more than one command needs lives here.
+
+pub mod ablate;
+pub mod calibrate;
+pub mod compile;
+pub mod export;
+pub mod gguf;
+pub mod graph;
+pub mod inspect;
+pub mod pipeline;
+pub mod quantize;
+pub mod run;
+pub mod synth;
+pub mod verify;
+
+use anyhow::Result;
+use std::path::{Path, PathBuf};
+
+/// `--model`, or the bundled tiny Gemma-4 when none is given.
+pub fn model_dir(m: Option<PathBuf>) -> Result<PathBuf> {
+    match m {
+        Some(p) => Ok(p),
+        None => crate::bundled::tiny_gemma4_dir(),
+    }
+}
+
+/// A byte-counting progress bar (exports, GGUF, synth).
+pub fn progress(len: u64, msg: &str) -> indicatif::ProgressBar {
+    bar(
+        len,
+        msg,
+        "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    )
+}
+
+/// A prompt-counting progress bar (calibrate, verify, ablate).
+pub fn count_progress(msg: &str) -> indicatif::ProgressBar {
+    bar(0, msg, "{msg} [{bar:40}] {pos}/{len} prompts, eta {eta}")
+}
+
+fn bar(len: u64, msg: &str, template: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(len);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(template)
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    pb.set_message(msg.to_string());
+    pb
+}
+
+pub fn read_json<T: serde::de::DeserializeOwned>(p: &Path) -> Result<T> {
+    let t = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+    serde_json::from_str(&t).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))
+}
+
+pub fn write_json<T: serde::Serialize>(p: &Path, v: &T) -> Result<()> {
+    let mut s = serde_json::to_string_pretty(v)?;
+    s.push('\n');
+    Ok(hexq_fsutil::write_atomic(p, s.as_bytes())?)
+}
+
+/// Bytes of every tensor in a checkpoint (what a streaming writer will read).
+pub fn checkpoint_bytes(ck: &hexq_model::Checkpoint) -> u64 {
+    ck.tensors
+        .iter()
+        .map(|(_, i)| (i.end - i.start) as u64)
+        .sum()
+}
+
+/// Points fd 1 at stderr while alive: the QNN HTP simulator library prints a banner on stdout through C
+/// stdio, which would corrupt `--json`; on drop C's buffers are flushed (to stderr) and fd 1 restored.
+pub struct StdoutToStderr(i32);
+impl StdoutToStderr {
+    pub fn new() -> Self {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        unsafe {
+            let saved = libc::dup(1);
+            libc::dup2(2, 1);
+            StdoutToStderr(saved)
+        }
+    }
+}
+impl Drop for StdoutToStderr {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        unsafe {
+            libc::fflush(std::ptr::null_mut());
+            libc::dup2(self.0, 1);
+            libc::close(self.0);
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! `hexq run`: greedy generation with the chat template on one backend.
+
+use super::{model_dir, StdoutToStderr};
+use anyhow::Result;
+use clap::ValueEnum;
+use hexq_graph::{GraphOptions, Variant};
+use hexq_model::chat::{Message, Tokenizer};
+use hexq_model::{Checkpoint, Model};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// Checkpoint directory; default: the bundled tiny Gemma-4 (cpu, graph).
+    /// Checkpoint directory (config.json + safetensors); default: the bundled tiny Gemma-4.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long)]
+    pub prompt: String,
+    /// Optional system turn before the prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+    #[arg(long, default_value_t = 32)]
+    pub max_tokens: usize,
+    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
+    pub backend: BackendKind,
+    /// Graph backend: full-attention buffer length (max context).
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+    /// Graph backend: trunk chunk length (0 = no trunk, prompt token by token through decode).
+    #[arg(long, default_value_t = 128)]
+    pub seq: usize,
+    /// ort/qnn backends: `hexq export` directories (one decode variant, optionally a trunk); the host side
+    /// comes from their host-model/.
+    #[arg(long)]
+    pub artifacts: Vec<PathBuf>,
+    /// ort/llama backends: threads (0 = the runtime's default).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// qnn backend: the HTP target whose compiled binary runs (v79, v81, v75).
+    #[arg(long, default_value = "v79")]
+    pub target: String,
+    /// llama backend: the GGUF to run (llama.cpp from $LLAMA_CPP_BUILD); tokenizer and chat template from --model.
+    #[arg(long)]
+    pub gguf: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl Args {
+    /// A run of `prompt` on `backend` with every other option at its default (the pipeline's runs).
+    pub fn new(
+        model: Option<PathBuf>,
+        backend: BackendKind,
+        prompt: &str,
+        max_tokens: usize,
+    ) -> Self {
+        Args {
+            model,
+            prompt: prompt.into(),
+            system: None,
+            max_tokens,
+            backend,
+            context: 4096,
+            seq: 128,
+            artifacts: vec![],
+            threads: 0,
+            target: "v79".into(),
+            gguf: None,
+            json: false,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum BackendKind {
+    /// The f32 reference forward (candle).
+    Cpu,
+    /// The IR interpreter over decode_wgqa (prompt through trunk in SEQ chunks).
+    Graph,
+    /// Exported ONNX (float or QDQ) in onnxruntime, host side from host-model/ (--artifacts).
+    Ort,
+    /// A GGUF in llama.cpp (--gguf; LLAMA_CPP_BUILD = its build directory).
+    Llama,
+    /// The compiled context binary on QNN HTP (--artifacts, --target; the HTP simulator on x86-64).
+    Qnn,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    use hexq_runtime::ort::Ep;
+    let quiet = matches!(a.backend, BackendKind::Qnn).then(StdoutToStderr::new);
+    let (mut b, tok): (Box<dyn hexq_runtime::Backend>, Tokenizer) = match a.backend {
+        BackendKind::Cpu | BackendKind::Graph => {
+            let dir = model_dir(a.model)?;
+            let ck = Arc::new(Checkpoint::open(&dir)?);
+            let tok = Tokenizer::from_dir(&dir)?;
+            let b: Box<dyn hexq_runtime::Backend> = if matches!(a.backend, BackendKind::Cpu) {
+                Box::new(hexq_runtime::CpuBackend::new(Model::load(ck)?))
+            } else {
+                let o = GraphOptions {
+                    context: a.context,
+                    seq: a.seq.max(1),
+                };
+                Box::new(hexq_runtime::graph::GraphBackend::for_model(
+                    &ck,
+                    Variant::DecodeWgqa,
+                    a.seq > 0,
+                    &o,
+                )?)
+            };
+            (b, tok)
+        }
+        BackendKind::Ort => {
+            if a.artifacts.is_empty() {
+                anyhow::bail!("--backend ort needs --artifacts DIR (a `hexq export` output)");
+            }
+            let b = hexq_runtime::ort::OrtBackend::open(&a.artifacts, a.threads, Ep::Cpu)?;
+            let tok = Tokenizer::from_dir(&b.host.dir)?;
+            (Box::new(b), tok)
+        }
+        BackendKind::Qnn => {
+            if a.artifacts.is_empty() {
+                anyhow::bail!("--backend qnn needs --artifacts DIR (a `hexq export --qdq` output compiled by `hexq compile`)");
+            }
+            let b = hexq_runtime::ort::OrtBackend::open(
+                &a.artifacts,
+                a.threads,
+                Ep::Qnn {
+                    target: a.target.clone(),
+                },
+            )?;
+            let tok = Tokenizer::from_dir(&b.host.dir)?;
+            (Box::new(b), tok)
+        }
+        BackendKind::Llama => {
+            let g = a
+                .gguf
+                .clone()
+                .ok_or_else(|| anyhow::anyhow!("--backend llama needs --gguf F.gguf"))?;
+            let tok = Tokenizer::from_dir(&model_dir(a.model.clone())?)?;
+            let b = hexq_runtime::llama::LlamaBackend::open(&g, a.context, a.threads)?;
+            (Box::new(b), tok)
+        }
+    };
+    let (system, prompt, max_tokens, as_json) = (a.system, a.prompt, a.max_tokens, a.json);
+    let mut msgs = Vec::new();
+    if let Some(s) = system {
+        msgs.push(Message {
+            role: "system".into(),
+            content: s,
+        });
+    }
+    msgs.push(Message::user(&prompt));
+    let g = hexq_runtime::generate(b.as_mut(), &tok, &msgs, max_tokens)?;
+    drop(b);
+    drop(quiet);
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&g)?);
+    } else {
+        println!("{}", g.text);
+        eprintln!(
+            "[{}] prompt {} tokens, generated {} ({}), prefill {:.3}s, decode {:.2} tok/s",
+            g.backend,
+            g.prompt_ids.len(),
+            g.generated_ids.len(),
+            g.stop_reason,
+            g.prefill_seconds,
+            g.decode_tokens_per_second
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! `hexq verify`: quantsim vs float on held-out prompts, or (`--backend qnn`) compiled binaries on the HTP
+//! simulator vs float and quantsim.
+
+use super::{count_progress, model_dir, read_json, StdoutToStderr};
+use anyhow::Result;
+use clap::ValueEnum;
+use hexq_graph::{GraphOptions, Variant};
+use hexq_model::chat::Tokenizer;
+use hexq_model::Checkpoint;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// Checkpoint directory (config.json + safetensors); default: the bundled tiny Gemma-4.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// quantsim: hexq's quantsim from --encodings; qnn: the compiled binaries of --artifacts on QNN HTP.
+    #[arg(long, value_enum, default_value_t = Backend::Quantsim)]
+    pub backend: Backend,
+    /// Encodings from `hexq quantize` (the quantsim backend).
+    #[arg(long, required_if_eq("backend", "quantsim"))]
+    pub encodings: Option<PathBuf>,
+    /// qnn backend: `hexq export --qdq` directories compiled by `hexq compile`.
+    #[arg(long)]
+    pub artifacts: Vec<PathBuf>,
+    /// qnn backend: comma list of targets.
+    #[arg(long, default_value = "v79,v81")]
+    pub targets: String,
+    /// Calibration stats: report held-out tensors outside their calibrated range.
+    #[arg(long)]
+    pub stats: Option<PathBuf>,
+    #[arg(long, default_value = "datasets/heldout.jsonl")]
+    pub dataset: PathBuf,
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Greedy decode steps compared token by token.
+    #[arg(long, default_value_t = 8)]
+    pub steps: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// hexq's quantsim (the graph interpreter with fake quantization).
+    Quantsim,
+    /// Compiled context binaries on QNN HTP (the simulator on x86-64).
+    Qnn,
+}
+
+impl Args {
+    pub fn new(model: Option<PathBuf>, dataset: PathBuf, limit: usize, steps: usize) -> Self {
+        Args {
+            model,
+            backend: Backend::Quantsim,
+            encodings: None,
+            artifacts: vec![],
+            targets: "v79,v81".into(),
+            stats: None,
+            dataset,
+            limit: Some(limit),
+            steps,
+            json: false,
+        }
+    }
+}
+
+pub fn run(a: Args) -> Result<()> {
+    match a.backend {
+        Backend::Qnn => qnn(a),
+        Backend::Quantsim => quantsim(a),
+    }
+}
+
+fn load(a: &Args) -> Result<(Arc<Checkpoint>, Tokenizer, Vec<hexq_calibrate::Record>)> {
+    let dir = model_dir(a.model.clone())?;
+    let ck = Arc::new(Checkpoint::open(&dir)?);
+    let tok = Tokenizer::from_dir(&dir)?;
+    let mut recs = hexq_calibrate::load_dataset(&a.dataset)?;
+    if let Some(n) = a.limit {
+        recs.truncate(n);
+    }
+    Ok((ck, tok, recs))
+}
+
+fn qnn(a: Args) -> Result<()> {
+    if a.artifacts.is_empty() {
+        anyhow::bail!("--backend qnn needs --artifacts DIR (compiled by `hexq compile`)");
+    }
+    let (ck, tok, recs) = load(&a)?;
+    let targets: Vec<String> = a
+        .targets
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(String::from)
+        .collect();
+    let quiet = StdoutToStderr::new();
+    let rows = hexq_eval::qnn::verify_qnn(
+        &ck,
+        &tok,
+        &recs,
+        &a.artifacts,
+        &targets,
+        a.steps,
+        &count_progress,
+    )?;
+    drop(quiet);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print!("{}", hexq_eval::qnn::markdown(&rows));
+    }
+    Ok(())
+}
+
+fn quantsim(a: Args) -> Result<()> {
+    let encodings = a
+        .encodings
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("verify needs --encodings F.json (from `hexq quantize`)"))?;
+    let (ck, tok, recs) = load(&a)?;
+    let enc: hexq_quantize::Encodings = read_json(&encodings)?;
+    let st: Option<hexq_calibrate::Stats> = a.stats.as_deref().map(read_json).transpose()?;
+    let v = enc.hexq["variant"]
+        .as_str()
+        .and_then(Variant::parse)
+        .ok_or_else(|| anyhow::anyhow!("{}: no hexq.variant", encodings.display()))?;
+    let o = GraphOptions {
+        context: enc.hexq["context"].as_u64().unwrap_or(4096) as usize,
+        seq: enc.hexq["seq"].as_u64().unwrap_or(128) as usize,
+    };
+    let pb = count_progress("verify");
+    let r = hexq_eval::verify::verify(ck, &tok, &recs, &enc, st.as_ref(), v, &o, a.steps, &pb)?;
+    pb.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        print!("{}", hexq_eval::verify::markdown(&r, st.is_some()));
+    }
+    if r.collapsed {
+        anyhow::bail!("quantsim's final hidden norm collapsed to {:.3} of float (< 10 %): these encodings would produce noise", r.norm_ratio_min);
+    }
+    Ok(())
+}
