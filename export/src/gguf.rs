@@ -13,6 +13,8 @@ use std::io::Write;
 use std::path::Path;
 
 pub const ALIGN: u64 = 32;
+/// The GGUF version written (gguf-py 0.19 writes 3).
+pub const GGUF_VERSION: u32 = 3;
 
 /// A metadata value (gguf-py's GGUFValueType).
 #[derive(Debug, Clone)]
@@ -33,19 +35,43 @@ fn put_str(o: &mut Vec<u8>, s: &str) {
     o.extend(s.as_bytes());
 }
 
+/// gguf-py's `GGUFValueType`: the type ids a metadata value is written with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ValueType {
+    U8 = 0,
+    I8 = 1,
+    U16 = 2,
+    I16 = 3,
+    U32 = 4,
+    I32 = 5,
+    F32 = 6,
+    Bool = 7,
+    String = 8,
+    Array = 9,
+    U64 = 10,
+    I64 = 11,
+    F64 = 12,
+}
+
 impl Val {
-    fn type_id(&self) -> u32 {
+    fn type_id(&self) -> ValueType {
         match self {
-            Val::U32(_) => 4,
-            Val::I32(_) => 5,
-            Val::F32(_) => 6,
-            Val::Bool(_) => 7,
-            Val::Str(_) => 8,
-            _ => 9,
+            Val::U32(_) => ValueType::U32,
+            Val::I32(_) => ValueType::I32,
+            Val::F32(_) => ValueType::F32,
+            Val::Bool(_) => ValueType::Bool,
+            Val::Str(_) => ValueType::String,
+            _ => ValueType::Array,
         }
     }
+    /// An array's element type and length.
+    fn array_head(o: &mut Vec<u8>, t: ValueType, n: usize) {
+        o.extend((t as u32).to_le_bytes());
+        o.extend((n as u64).to_le_bytes());
+    }
     fn write(&self, o: &mut Vec<u8>) {
-        o.extend(self.type_id().to_le_bytes());
+        o.extend((self.type_id() as u32).to_le_bytes());
         match self {
             Val::U32(v) => o.extend(v.to_le_bytes()),
             Val::I32(v) => o.extend(v.to_le_bytes()),
@@ -53,23 +79,19 @@ impl Val {
             Val::Bool(v) => o.push(*v as u8),
             Val::Str(s) => put_str(o, s),
             Val::ArrI32(v) => {
-                o.extend(5u32.to_le_bytes());
-                o.extend((v.len() as u64).to_le_bytes());
+                Val::array_head(o, ValueType::I32, v.len());
                 v.iter().for_each(|x| o.extend(x.to_le_bytes()));
             }
             Val::ArrF32(v) => {
-                o.extend(6u32.to_le_bytes());
-                o.extend((v.len() as u64).to_le_bytes());
+                Val::array_head(o, ValueType::F32, v.len());
                 v.iter().for_each(|x| o.extend(x.to_le_bytes()));
             }
             Val::ArrBool(v) => {
-                o.extend(7u32.to_le_bytes());
-                o.extend((v.len() as u64).to_le_bytes());
+                Val::array_head(o, ValueType::Bool, v.len());
                 v.iter().for_each(|x| o.push(*x as u8));
             }
             Val::ArrStr(v) => {
-                o.extend(8u32.to_le_bytes());
-                o.extend((v.len() as u64).to_le_bytes());
+                Val::array_head(o, ValueType::String, v.len());
                 v.iter().for_each(|x| put_str(o, x));
             }
         }
@@ -556,7 +578,7 @@ pub fn write_gguf(
     let kv = metadata(ck, ft, &plan)?;
     let mut head = Vec::new();
     head.extend(b"GGUF");
-    head.extend(3u32.to_le_bytes());
+    head.extend(GGUF_VERSION.to_le_bytes());
     head.extend((plan.len() as u64).to_le_bytes());
     head.extend((kv.len() as u64).to_le_bytes());
     for (k, v) in &kv {

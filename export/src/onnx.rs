@@ -27,14 +27,34 @@ const MAX_DATA_FILE: u64 = 1 << 30;
 /// Float constants at least this large go to external data.
 const EXTERNAL_MIN_BYTES: usize = 4096;
 
+/// ONNX `TensorProto.DataType` (onnx.proto): the element types hexq writes.
+pub mod elem {
+    pub const FLOAT: i32 = 1;
+    pub const UINT8: i32 = 2;
+    pub const INT8: i32 = 3;
+    pub const UINT16: i32 = 4;
+    pub const INT16: i32 = 5;
+    pub const INT32: i32 = 6;
+    pub const INT64: i32 = 7;
+    pub const BOOL: i32 = 9;
+    pub const FLOAT16: i32 = 10;
+    pub const BFLOAT16: i32 = 16;
+}
+
+/// ONNX `AttributeProto.AttributeType`.
+mod attr_type {
+    pub const INT: i32 = 2;
+    pub const INTS: i32 = 7;
+}
+
 pub fn onnx_dtype(d: DType) -> i32 {
     match d {
-        DType::F32 => 1,
-        DType::I32 => 6,
-        DType::I64 => 7,
-        DType::Bool => 9,
-        DType::F16 => 10,
-        DType::BF16 => 16,
+        DType::F32 => elem::FLOAT,
+        DType::I32 => elem::INT32,
+        DType::I64 => elem::INT64,
+        DType::Bool => elem::BOOL,
+        DType::F16 => elem::FLOAT16,
+        DType::BF16 => elem::BFLOAT16,
     }
 }
 
@@ -42,7 +62,7 @@ fn attr_i(name: &str, v: i64) -> AttributeProto {
     AttributeProto {
         name: name.into(),
         i: v,
-        r#type: 2,
+        r#type: attr_type::INT,
         ..Default::default()
     }
 }
@@ -50,7 +70,7 @@ fn attr_ints(name: &str, v: &[i64]) -> AttributeProto {
     AttributeProto {
         name: name.into(),
         ints: v.to_vec(),
-        r#type: 7,
+        r#type: attr_type::INTS,
         ..Default::default()
     }
 }
@@ -175,8 +195,8 @@ impl Default for ExportOptions<'_> {
 /// ONNX storage of an AIMET encoding: (element type, zero point).
 pub fn onnx_qtype(e: &Encoding) -> Result<(i32, i64)> {
     let (signed, unsigned) = match e.bitwidth {
-        1..=8 => (3, 2),  // INT8, UINT8
-        9..=16 => (5, 4), // INT16, UINT16
+        1..=8 => (elem::INT8, elem::UINT8),
+        9..=16 => (elem::INT16, elem::UINT16),
         b => return Err(Error::Msg(format!("bitwidth {b} has no ONNX QDQ type"))),
     };
     Ok(if e.is_symmetric {
@@ -196,12 +216,12 @@ fn quant_store(e: &Encoding, x: f32) -> i64 {
     }
 }
 
-fn int_bytes(elem: i32, v: impl Iterator<Item = i64>) -> Vec<u8> {
-    match elem {
-        2 => v.map(|q| q as u8).collect(),
-        3 => v.map(|q| q as i8 as u8).collect(),
-        4 => v.flat_map(|q| (q as u16).to_le_bytes()).collect(),
-        5 => v.flat_map(|q| (q as i16).to_le_bytes()).collect(),
+fn int_bytes(ty: i32, v: impl Iterator<Item = i64>) -> Vec<u8> {
+    match ty {
+        elem::UINT8 => v.map(|q| q as u8).collect(),
+        elem::INT8 => v.map(|q| q as i8 as u8).collect(),
+        elem::UINT16 => v.flat_map(|q| (q as u16).to_le_bytes()).collect(),
+        elem::INT16 => v.flat_map(|q| (q as i16).to_le_bytes()).collect(),
         _ => unreachable!(),
     }
 }
@@ -325,7 +345,7 @@ impl Emit<'_> {
             zps.push(zp);
         }
         let (s, z) = (format!("{base}.scale"), format!("{base}.zero_point"));
-        self.init(&s, &dims, 1, sc)?;
+        self.init(&s, &dims, elem::FLOAT, sc)?;
         self.init(&z, &dims, elem, int_bytes(elem, zps.into_iter()))?;
         Ok((s, z, elem))
     }
@@ -377,7 +397,7 @@ pub fn write_onnx(
                 em.init(
                     &i.name,
                     &dims,
-                    7,
+                    elem::INT64,
                     v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
                 )?;
                 continue;
@@ -453,7 +473,7 @@ pub fn write_onnx(
         } else if o.weights == WeightType::F16 && matches!(i.source, InitSource::Weight { .. }) {
             let h = format!("{}.f16", i.name);
             le_bytes_into(values, true, &mut hbuf);
-            em.init(&h, &dims, 10, &hbuf)?;
+            em.init(&h, &dims, elem::FLOAT16, &hbuf)?;
             em.node(
                 "Cast",
                 &format!("{}.cast", i.name),
@@ -462,7 +482,7 @@ pub fn write_onnx(
                 vec![attr_i("to", 1)],
             );
         } else {
-            em.init(&i.name, &dims, 1, f32_le(values))?;
+            em.init(&i.name, &dims, elem::FLOAT, f32_le(values))?;
         }
         if let Some(p) = o.progress {
             p(src_bytes);
@@ -511,7 +531,7 @@ pub fn write_onnx(
                 em.init(
                     &name,
                     &[v.len() as i64],
-                    7,
+                    elem::INT64,
                     v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
                 )?;
                 inputs.push(name);

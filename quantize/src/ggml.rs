@@ -34,44 +34,49 @@ pub enum GgmlType {
     Q6_K,
 }
 
+/// One ggml type's facts (gguf-py's `GGML_QUANT_SIZES` + ggml.h's ids): values per block, bytes per block.
+pub struct GgmlTypeInfo {
+    pub ty: GgmlType,
+    pub name: &'static str,
+    /// ggml.h `enum ggml_type`.
+    pub id: u32,
+    pub block: usize,
+    pub block_bytes: usize,
+}
+
+#[rustfmt::skip]
+pub const GGML_TYPES: [GgmlTypeInfo; 6] = [
+    GgmlTypeInfo { ty: GgmlType::F32, name: "F32", id: 0, block: 1, block_bytes: 4 },
+    GgmlTypeInfo { ty: GgmlType::F16, name: "F16", id: 1, block: 1, block_bytes: 2 },
+    GgmlTypeInfo { ty: GgmlType::Q4_0, name: "Q4_0", id: 2, block: QK, block_bytes: Q4_0_BYTES },
+    GgmlTypeInfo { ty: GgmlType::Q8_0, name: "Q8_0", id: 8, block: QK, block_bytes: Q8_0_BYTES },
+    GgmlTypeInfo { ty: GgmlType::Q6_K, name: "Q6_K", id: 14, block: QK_K, block_bytes: Q6_K_BYTES },
+    GgmlTypeInfo { ty: GgmlType::BF16, name: "BF16", id: 30, block: 1, block_bytes: 2 },
+];
+
 impl GgmlType {
+    pub fn info(self) -> &'static GgmlTypeInfo {
+        GGML_TYPES
+            .iter()
+            .find(|t| t.ty == self)
+            .expect("every GgmlType has a row")
+    }
+    pub fn from_id(id: u32) -> Option<Self> {
+        GGML_TYPES.iter().find(|t| t.id == id).map(|t| t.ty)
+    }
     /// ggml's type id (ggml.h `enum ggml_type`).
     pub fn id(self) -> u32 {
-        match self {
-            GgmlType::F32 => 0,
-            GgmlType::F16 => 1,
-            GgmlType::Q4_0 => 2,
-            GgmlType::Q8_0 => 8,
-            GgmlType::Q6_K => 14,
-            GgmlType::BF16 => 30,
-        }
+        self.info().id
     }
     pub fn name(self) -> &'static str {
-        match self {
-            GgmlType::F32 => "F32",
-            GgmlType::F16 => "F16",
-            GgmlType::BF16 => "BF16",
-            GgmlType::Q4_0 => "Q4_0",
-            GgmlType::Q8_0 => "Q8_0",
-            GgmlType::Q6_K => "Q6_K",
-        }
+        self.info().name
     }
     /// Bytes for `n` values (n a multiple of the block size for block types).
     pub fn bytes(self, n: usize) -> usize {
-        match self {
-            GgmlType::F32 => n * 4,
-            GgmlType::F16 | GgmlType::BF16 => n * 2,
-            GgmlType::Q4_0 => n / QK * Q4_0_BYTES,
-            GgmlType::Q8_0 => n / QK * Q8_0_BYTES,
-            GgmlType::Q6_K => n / QK_K * Q6_K_BYTES,
-        }
+        n / self.block() * self.info().block_bytes
     }
     pub fn block(self) -> usize {
-        match self {
-            GgmlType::Q4_0 | GgmlType::Q8_0 => QK,
-            GgmlType::Q6_K => QK_K,
-            _ => 1,
-        }
+        self.info().block
     }
     pub fn is_block(self) -> bool {
         self.block() > 1

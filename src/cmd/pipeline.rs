@@ -87,7 +87,7 @@ impl Stages {
             stage: name.into(),
             status,
             seconds: t0.elapsed().as_secs_f64(),
-            output: output.map(Path::to_path_buf),
+            output: output.filter(|_| ok).map(Path::to_path_buf),
         });
         ok
     }
@@ -134,11 +134,17 @@ fn missing_ort() -> Option<String> {
 }
 
 fn missing_qnn() -> Option<String> {
-    missing_ort().or_else(|| {
-        hexq_runtime::ort::find_qnn()
-            .err()
-            .map(|_| format!("onnxruntime-qnn not installed; enable with: {QNN_HINT}"))
-    })
+    let ort = hexq_runtime::ort::find_onnxruntime().is_ok();
+    let qnn = hexq_runtime::ort::find_qnn().is_ok();
+    match (ort, qnn) {
+        (true, true) => None,
+        (true, false) => Some(format!(
+            "onnxruntime-qnn not installed; enable with: {QNN_HINT}"
+        )),
+        _ => Some(format!(
+            "onnxruntime and onnxruntime-qnn not installed; enable with: {QNN_HINT} onnxruntime"
+        )),
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {
