@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Attention type of one layer (`layer_types[i]`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -129,8 +129,142 @@ pub struct ModelConfig {
     pub raw: Value,
 }
 
-fn get<'a>(o: &'a Value, k: &str) -> Option<&'a Value> {
-    o.get(k).filter(|v| !v.is_null())
+/// config.json's text-decoder fields, with transformers' `Gemma4TextConfig` defaults. A null counts as
+/// absent (transformers writes nulls for unset options).
+#[derive(Deserialize)]
+struct TextFields {
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    #[serde(default = "d::heads")]
+    num_attention_heads: usize,
+    #[serde(default = "d::kv_heads")]
+    num_key_value_heads: usize,
+    #[serde(default = "d::head_dim")]
+    head_dim: usize,
+    #[serde(default = "d::global_head_dim")]
+    global_head_dim: usize,
+    num_global_key_value_heads: Option<usize>,
+    #[serde(default = "d::vocab")]
+    vocab_size: usize,
+    #[serde(default = "d::window")]
+    sliding_window: usize,
+    #[serde(default)]
+    num_kv_shared_layers: usize,
+    #[serde(default)]
+    use_double_wide_mlp: bool,
+    #[serde(default)]
+    attention_k_eq_v: bool,
+    #[serde(default = "d::ple_dim")]
+    hidden_size_per_layer_input: usize,
+    #[serde(default = "d::vocab")]
+    vocab_size_per_layer_input: usize,
+    final_logit_softcapping: Option<f64>,
+    #[serde(default = "d::eps")]
+    rms_norm_eps: f64,
+    #[serde(default = "d::max_pos")]
+    max_position_embeddings: usize,
+    #[serde(default)]
+    pad_token_id: u32,
+    #[serde(default = "d::bos")]
+    bos_token_id: u32,
+    eos_token_id: Option<Value>,
+    tie_word_embeddings: Option<bool>,
+    layer_types: Option<Vec<Value>>,
+    per_layer_config: Option<serde_json::Map<String, Value>>,
+    rope_parameters: Option<BTreeMap<String, RopeFields>>,
+    // Features hexq does not run, refused by name.
+    #[serde(default)]
+    enable_moe_block: bool,
+    #[serde(default)]
+    attention_bias: bool,
+    use_bidirectional_attention: Option<Value>,
+    #[serde(default = "d::act")]
+    hidden_activation: String,
+}
+
+#[derive(Deserialize)]
+struct RopeFields {
+    #[serde(default = "d::rope_type")]
+    rope_type: String,
+    rope_theta: Option<f64>,
+    #[serde(default = "d::one")]
+    partial_rotary_factor: f64,
+    #[serde(default = "d::one")]
+    factor: f64,
+}
+
+/// Defaults (transformers' `Gemma4TextConfig.__init__`).
+mod d {
+    pub fn heads() -> usize {
+        8
+    }
+    pub fn kv_heads() -> usize {
+        4
+    }
+    pub fn head_dim() -> usize {
+        256
+    }
+    pub fn global_head_dim() -> usize {
+        512
+    }
+    pub fn vocab() -> usize {
+        262_144
+    }
+    pub fn window() -> usize {
+        512
+    }
+    pub fn ple_dim() -> usize {
+        256
+    }
+    pub fn eps() -> f64 {
+        1e-6
+    }
+    pub fn max_pos() -> usize {
+        131_072
+    }
+    pub fn bos() -> u32 {
+        2
+    }
+    pub fn act() -> String {
+        "gelu_pytorch_tanh".into()
+    }
+    pub fn rope_type() -> String {
+        "default".into()
+    }
+    pub fn one() -> f64 {
+        1.0
+    }
+}
+
+fn strip_nulls(v: &mut Value) {
+    if let Value::Object(o) = v {
+        o.retain(|_, x| !x.is_null());
+        o.values_mut().for_each(strip_nulls);
+    }
+}
+
+/// Errors name config.json and the field as the user wrote it (`text_config.` prefix in the multimodal layout).
+struct Fields<'a> {
+    path: &'a Path,
+    prefix: &'static str,
+}
+
+impl Fields<'_> {
+    fn err(&self, field: &str, msg: impl Into<String>) -> Error {
+        Error::config(self.path, &format!("{}{field}", self.prefix), msg)
+    }
+    fn parse(&self, tc: &Value) -> Result<TextFields> {
+        let mut v = tc.clone();
+        strip_nulls(&mut v);
+        serde_path_to_error::deserialize(v).map_err(|e| {
+            let field = e.path().to_string();
+            self.err(&field, e.into_inner().to_string())
+        })
+    }
+    fn required(&self, v: Option<usize>, field: &str) -> Result<usize> {
+        v.ok_or_else(|| self.err(field, "missing"))
+    }
 }
 
 impl ModelConfig {
@@ -143,368 +277,49 @@ impl ModelConfig {
     }
 
     pub fn from_value(raw: Value, path: &Path) -> Result<Self> {
-        let p: PathBuf = path.to_path_buf();
-        let cerr = |field: &str, msg: String| Error::config(&p, field, msg);
         if !raw.is_object() {
             return Err(Error::file(path, "config is not a JSON object"));
         }
-        let (layout, tc) = match get(&raw, "text_config") {
+        let (layout, tc) = match raw.get("text_config").filter(|v| !v.is_null()) {
             Some(tc) => (Layout::Multimodal, tc.clone()),
             None => (Layout::CausalLm, raw.clone()),
         };
-        let model_type = get(&tc, "model_type")
-            .and_then(|v| v.as_str())
-            .unwrap_or("");
-        let top_type = get(&raw, "model_type")
-            .and_then(|v| v.as_str())
-            .unwrap_or("");
-        if !(model_type == "gemma4_text" || model_type == "gemma4" || top_type == "gemma4") {
-            return Err(cerr(
-                "model_type",
-                format!(
-                    "expected gemma4 / gemma4_text, found {:?}",
-                    if model_type.is_empty() {
-                        top_type
-                    } else {
-                        model_type
-                    }
-                ),
-            ));
-        }
-        let fpre = if layout == Layout::Multimodal {
-            "text_config."
-        } else {
-            ""
+        check_model_type(&raw, &tc, path)?;
+        let fl = Fields {
+            path,
+            prefix: if layout == Layout::Multimodal {
+                "text_config."
+            } else {
+                ""
+            },
         };
-        let name = |k: &str| format!("{fpre}{k}");
-        let usize_req = |k: &str| -> Result<usize> {
-            get(&tc, k)
-                .ok_or_else(|| cerr(&name(k), "missing".into()))?
-                .as_u64()
-                .map(|u| u as usize)
-                .ok_or_else(|| cerr(&name(k), "not a non-negative integer".into()))
-        };
-        let usize_or = |k: &str, d: usize| -> Result<usize> {
-            match get(&tc, k) {
-                None => Ok(d),
-                Some(v) => v
-                    .as_u64()
-                    .map(|u| u as usize)
-                    .ok_or_else(|| cerr(&name(k), "not a non-negative integer".into())),
-            }
-        };
-        let f64_or = |k: &str, d: f64| -> Result<f64> {
-            match get(&tc, k) {
-                None => Ok(d),
-                Some(v) => v
-                    .as_f64()
-                    .ok_or_else(|| cerr(&name(k), "not a number".into())),
-            }
-        };
-        let bool_or = |k: &str, d: bool| -> Result<bool> {
-            match get(&tc, k) {
-                None => Ok(d),
-                Some(v) => v
-                    .as_bool()
-                    .ok_or_else(|| cerr(&name(k), "not a boolean".into())),
-            }
-        };
-
-        // Features hexq does not run: refuse by field name rather than compute something else.
-        if bool_or("enable_moe_block", false)? {
-            return Err(cerr(
-                &name("enable_moe_block"),
-                "MoE Gemma-4 variants are not supported".into(),
-            ));
-        }
-        if bool_or("attention_bias", false)? {
-            return Err(cerr(
-                &name("attention_bias"),
-                "attention biases are not supported (Gemma-4 has none)".into(),
-            ));
-        }
-        if let Some(b) = get(&tc, "use_bidirectional_attention") {
-            return Err(cerr(
-                &name("use_bidirectional_attention"),
-                format!("{b} is not supported: hexq runs the causal decoder"),
-            ));
-        }
-        let act = get(&tc, "hidden_activation")
-            .and_then(|v| v.as_str())
-            .unwrap_or("gelu_pytorch_tanh");
-        if act != "gelu_pytorch_tanh" {
-            return Err(cerr(
-                &name("hidden_activation"),
-                format!("{act:?} is not supported (expected gelu_pytorch_tanh)"),
-            ));
-        }
-
-        let hidden_size = usize_req("hidden_size")?;
-        let intermediate_size = usize_req("intermediate_size")?;
-        let num_layers = usize_req("num_hidden_layers")?;
-        let num_heads = usize_or("num_attention_heads", 8)?;
-        let num_kv_heads = usize_or("num_key_value_heads", 4)?;
-        let head_dim = usize_or("head_dim", 256)?;
-        let vocab_size = usize_or("vocab_size", 262_144)?;
-        let sliding_window = usize_or("sliding_window", 512)?;
-        let num_kv_shared_layers = usize_or("num_kv_shared_layers", 0)?;
-        let double_wide = bool_or("use_double_wide_mlp", false)?;
-        let k_eq_v = bool_or("attention_k_eq_v", false)?;
-        let ple_dim = usize_or("hidden_size_per_layer_input", 256)?;
-        let ple_vocab = usize_or("vocab_size_per_layer_input", 262_144)?;
-        if num_layers == 0
-            || hidden_size == 0
-            || num_heads == 0
-            || num_kv_heads == 0
-            || head_dim == 0
-        {
-            return Err(cerr(
-                &name("num_hidden_layers"),
-                "dimensions must be positive".into(),
-            ));
-        }
-        if num_heads % num_kv_heads != 0 {
-            return Err(cerr(
-                &name("num_key_value_heads"),
-                format!("{num_kv_heads} does not divide num_attention_heads {num_heads}"),
-            ));
-        }
-        if num_kv_shared_layers >= num_layers {
-            return Err(cerr(
-                &name("num_kv_shared_layers"),
-                format!("{num_kv_shared_layers} >= num_hidden_layers {num_layers}"),
-            ));
-        }
-        let softcap = match get(&tc, "final_logit_softcapping") {
-            None => None,
-            Some(v) => Some(
-                v.as_f64()
-                    .ok_or_else(|| cerr(&name("final_logit_softcapping"), "not a number".into()))?,
-            ),
-        };
-
-        // layer_types: default 5 sliding : 1 full; the last layer is forced full (as transformers does).
-        let mut kinds: Vec<AttnKind> = match get(&tc, "layer_types") {
-            None => (0..num_layers)
-                .map(|i| {
-                    if (i + 1) % 6 == 0 {
-                        AttnKind::Full
-                    } else {
-                        AttnKind::Sliding
-                    }
-                })
-                .collect(),
-            Some(v) => {
-                let a = v
-                    .as_array()
-                    .ok_or_else(|| cerr(&name("layer_types"), "not a list".into()))?;
-                if a.len() != num_layers {
-                    return Err(cerr(
-                        &name("layer_types"),
-                        format!("has {} entries, num_hidden_layers is {num_layers}", a.len()),
-                    ));
-                }
-                a.iter()
-                    .enumerate()
-                    .map(|(i, t)| match t.as_str() {
-                        Some("sliding_attention") => Ok(AttnKind::Sliding),
-                        Some("full_attention") => Ok(AttnKind::Full),
-                        _ => Err(cerr(
-                            &format!("{}[{i}]", name("layer_types")),
-                            format!("unknown layer type {t}"),
-                        )),
-                    })
-                    .collect::<Result<_>>()?
-            }
-        };
-        *kinds.last_mut().unwrap() = AttnKind::Full;
-
-        // Full layers' head_dim / kv heads: per_layer_config (5.23 on disk) or global_head_dim (kwarg form).
-        let global_head_dim = usize_or("global_head_dim", 512)?;
-        let num_global_kv =
-            match get(&tc, "num_global_key_value_heads") {
-                None => None,
-                Some(v) => Some(v.as_u64().ok_or_else(|| {
-                    cerr(&name("num_global_key_value_heads"), "not an integer".into())
-                })? as usize),
-            };
-        let mut layer_hd = vec![head_dim; num_layers];
-        let mut layer_kvh = vec![num_kv_heads; num_layers];
-        match get(&tc, "per_layer_config") {
-            Some(plc) => {
-                let o = plc
-                    .as_object()
-                    .ok_or_else(|| cerr(&name("per_layer_config"), "not an object".into()))?;
-                for (k, v) in o {
-                    let f = format!("{}.{k}", name("per_layer_config"));
-                    let i: usize = k
-                        .parse()
-                        .map_err(|_| cerr(&f, "key is not a layer index".into()))?;
-                    if i >= num_layers {
-                        return Err(cerr(
-                            &f,
-                            format!("layer index {i} >= num_hidden_layers {num_layers}"),
-                        ));
-                    }
-                    let vo = v
-                        .as_object()
-                        .ok_or_else(|| cerr(&f, "not an object".into()))?;
-                    for (kk, vv) in vo {
-                        let n = vv.as_u64().map(|u| u as usize);
-                        match (kk.as_str(), n) {
-                            ("head_dim", Some(n)) => layer_hd[i] = n,
-                            ("num_key_value_heads", Some(n)) => layer_kvh[i] = n,
-                            _ => {
-                                return Err(cerr(
-                                    &format!("{f}.{kk}"),
-                                    format!("unsupported per-layer override {vv}"),
-                                ))
-                            }
-                        }
-                    }
-                }
-            }
-            None => {
-                for i in 0..num_layers {
-                    if kinds[i] == AttnKind::Full {
-                        layer_hd[i] = global_head_dim;
-                        if k_eq_v {
-                            if let Some(n) = num_global_kv {
-                                layer_kvh[i] = n;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        for i in 0..num_layers {
-            if layer_kvh[i] == 0 || num_heads % layer_kvh[i] != 0 {
-                return Err(cerr(
-                    &name("per_layer_config"),
-                    format!(
-                        "layer {i}: {} KV heads do not divide {num_heads} query heads",
-                        layer_kvh[i]
-                    ),
-                ));
-            }
-        }
-
-        // RoPE per layer type.
-        let mut rope = BTreeMap::new();
-        let rp = get(&tc, "rope_parameters");
-        for kind in [AttnKind::Sliding, AttnKind::Full] {
-            if !kinds.contains(&kind) {
-                continue;
-            }
-            let f = format!("{}.{}", name("rope_parameters"), kind.name());
-            let (rt, theta, prf, factor) = match rp.and_then(|r| get(r, kind.name())) {
-                Some(o) => (
-                    get(o, "rope_type")
-                        .and_then(|v| v.as_str())
-                        .unwrap_or("default")
-                        .to_string(),
-                    get(o, "rope_theta")
-                        .and_then(|v| v.as_f64())
-                        .ok_or_else(|| cerr(&f, "missing rope_theta".into()))?,
-                    get(o, "partial_rotary_factor")
-                        .and_then(|v| v.as_f64())
-                        .unwrap_or(1.0),
-                    get(o, "factor").and_then(|v| v.as_f64()).unwrap_or(1.0),
-                ),
-                None if rp.is_some() => return Err(cerr(&f, "missing".into())),
-                None => match kind {
-                    AttnKind::Sliding => ("default".into(), 10_000.0, 1.0, 1.0),
-                    AttnKind::Full => ("proportional".into(), 1_000_000.0, 0.25, 1.0),
-                },
-            };
-            let hd = (0..num_layers)
-                .find(|&i| kinds[i] == kind)
-                .map(|i| layer_hd[i])
-                .unwrap();
-            if (0..num_layers).any(|i| kinds[i] == kind && layer_hd[i] != hd) {
-                return Err(cerr(
-                    &name("per_layer_config"),
-                    format!("{} layers disagree on head_dim", kind.name()),
-                ));
-            }
-            let rotated = match rt.as_str() {
-                "default" => hd / 2,
-                "proportional" => ((prf * hd as f64) as usize / 2).min(hd / 2),
-                other => {
-                    return Err(cerr(
-                        &format!("{f}.rope_type"),
-                        format!("{other:?} is not supported (default, proportional)"),
-                    ))
-                }
-            };
-            rope.insert(
-                kind.name().to_string(),
-                RopeSpec {
-                    rope_type: rt,
-                    theta,
-                    partial_rotary_factor: prf,
-                    factor,
-                    head_dim: hd,
-                    rotated,
-                },
-            );
-        }
-
-        // KV sharing (Gemma4TextConfig.kv_sharing_modes).
-        let first_shared = num_layers - num_kv_shared_layers;
-        let mut modes = vec![KvMode::Own; num_layers];
-        let mut source: Vec<usize> = (0..num_layers).collect();
-        if num_kv_shared_layers > 0 {
-            let mut store_of = BTreeMap::new();
-            for kind in [AttnKind::Sliding, AttnKind::Full] {
-                if !kinds.contains(&kind) {
-                    continue;
-                }
-                let s = (0..first_shared)
-                    .rev()
-                    .find(|&i| kinds[i] == kind)
-                    .ok_or_else(|| {
-                        cerr(
-                            &name("num_kv_shared_layers"),
-                            format!(
-                                "no non-shared {} layer to provide the shared KV",
-                                kind.name()
-                            ),
-                        )
-                    })?;
-                modes[s] = KvMode::Store;
-                store_of.insert(kind, s);
-            }
-            for i in first_shared..num_layers {
-                modes[i] = KvMode::Reuse;
-                source[i] = store_of[&kinds[i]];
-            }
-        }
-
+        let t = fl.parse(&tc)?;
+        refuse_unsupported(&fl, &t)?;
+        let (hidden_size, num_layers) = check_dims(&fl, &t)?;
+        let intermediate_size = fl.required(t.intermediate_size, "intermediate_size")?;
+        let kinds = layer_kinds(&fl, &t, num_layers)?;
+        let (layer_hd, layer_kvh) = layer_heads(&fl, &t, &kinds)?;
+        let rope = rope_specs(&fl, &t, &kinds, &layer_hd)?;
+        let (modes, source) = kv_sharing(&fl, &t, &kinds)?;
         let layers = (0..num_layers)
             .map(|i| LayerSpec {
                 index: i,
                 kind: kinds[i],
                 head_dim: layer_hd[i],
-                num_kv_heads: if modes[i] == KvMode::Reuse {
-                    layer_kvh[source[i]]
-                } else {
-                    layer_kvh[i]
-                },
+                num_kv_heads: layer_kvh[source[i]],
                 kv_mode: modes[i],
                 kv_source: source[i],
-                k_eq_v: k_eq_v && kinds[i] == AttnKind::Full,
+                k_eq_v: t.attention_k_eq_v && kinds[i] == AttnKind::Full,
                 mlp_width: intermediate_size
-                    * if double_wide && modes[i] == KvMode::Reuse {
+                    * if t.use_double_wide_mlp && modes[i] == KvMode::Reuse {
                         2
                     } else {
                         1
                     },
-                window: (kinds[i] == AttnKind::Sliding).then_some(sliding_window),
+                window: (kinds[i] == AttnKind::Sliding).then_some(t.sliding_window),
             })
             .collect();
-
-        let eos_token_ids = match get(&tc, "eos_token_id") {
+        let eos_token_ids = match &t.eos_token_id {
             None => vec![1],
             Some(Value::Array(a)) => a
                 .iter()
@@ -512,38 +327,36 @@ impl ModelConfig {
                 .collect(),
             Some(v) => vec![v
                 .as_u64()
-                .ok_or_else(|| cerr(&name("eos_token_id"), "not an integer".into()))?
+                .ok_or_else(|| fl.err("eos_token_id", "not an integer"))?
                 as u32],
         };
-        let tie = bool_or(
-            "tie_word_embeddings",
-            get(&raw, "tie_word_embeddings")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(true),
-        )?;
-
+        let top_tie = raw.get("tie_word_embeddings").and_then(|v| v.as_bool());
+        let ple_dim = t.hidden_size_per_layer_input;
         Ok(ModelConfig {
             layout,
-            prefix: if layout == Layout::Multimodal {
-                "model.language_model.".into()
-            } else {
-                "model.".into()
+            prefix: match layout {
+                Layout::Multimodal => "model.language_model.".into(),
+                Layout::CausalLm => "model.".into(),
             },
-            vocab_size,
+            vocab_size: t.vocab_size,
             hidden_size,
             intermediate_size,
             num_layers,
-            num_heads,
-            rms_norm_eps: f64_or("rms_norm_eps", 1e-6)?,
-            sliding_window,
-            final_logit_softcapping: softcap,
-            tie_word_embeddings: tie,
+            num_heads: t.num_attention_heads,
+            rms_norm_eps: t.rms_norm_eps,
+            sliding_window: t.sliding_window,
+            final_logit_softcapping: t.final_logit_softcapping,
+            tie_word_embeddings: t.tie_word_embeddings.or(top_tie).unwrap_or(true),
             ple_dim,
-            ple_vocab: if ple_dim > 0 { ple_vocab } else { 0 },
-            num_kv_shared_layers,
-            max_position_embeddings: usize_or("max_position_embeddings", 131_072)?,
-            pad_token_id: usize_or("pad_token_id", 0)? as u32,
-            bos_token_id: usize_or("bos_token_id", 2)? as u32,
+            ple_vocab: if ple_dim > 0 {
+                t.vocab_size_per_layer_input
+            } else {
+                0
+            },
+            num_kv_shared_layers: t.num_kv_shared_layers,
+            max_position_embeddings: t.max_position_embeddings,
+            pad_token_id: t.pad_token_id,
+            bos_token_id: t.bos_token_id,
             eos_token_ids,
             rope,
             layers,
@@ -573,4 +386,279 @@ pub fn round_to(dt: crate::weights::DType, x: f32) -> f32 {
         DType::BF16 => half::bf16::from_f32(x).to_f32(),
         DType::F16 => half::f16::from_f32(x).to_f32(),
     }
+}
+
+fn check_model_type(raw: &Value, tc: &Value, path: &Path) -> Result<()> {
+    let ty = |o: &Value| {
+        o.get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    let (model_type, top_type) = (ty(tc), ty(raw));
+    if model_type == "gemma4_text" || model_type == "gemma4" || top_type == "gemma4" {
+        return Ok(());
+    }
+    let found = if model_type.is_empty() {
+        top_type
+    } else {
+        model_type
+    };
+    Err(Error::config(
+        path,
+        "model_type",
+        format!("expected gemma4 / gemma4_text, found {found:?}"),
+    ))
+}
+
+/// Features hexq does not run: refuse by field name rather than compute something else.
+fn refuse_unsupported(fl: &Fields, t: &TextFields) -> Result<()> {
+    if t.enable_moe_block {
+        return Err(fl.err("enable_moe_block", "MoE Gemma-4 variants are not supported"));
+    }
+    if t.attention_bias {
+        return Err(fl.err(
+            "attention_bias",
+            "attention biases are not supported (Gemma-4 has none)",
+        ));
+    }
+    if let Some(b) = &t.use_bidirectional_attention {
+        return Err(fl.err(
+            "use_bidirectional_attention",
+            format!("{b} is not supported: hexq runs the causal decoder"),
+        ));
+    }
+    if t.hidden_activation != "gelu_pytorch_tanh" {
+        let act = &t.hidden_activation;
+        return Err(fl.err(
+            "hidden_activation",
+            format!("{act:?} is not supported (expected gelu_pytorch_tanh)"),
+        ));
+    }
+    Ok(())
+}
+
+/// (hidden_size, num_hidden_layers), each dimension positive and the heads consistent.
+fn check_dims(fl: &Fields, t: &TextFields) -> Result<(usize, usize)> {
+    let hidden = fl.required(t.hidden_size, "hidden_size")?;
+    let layers = fl.required(t.num_hidden_layers, "num_hidden_layers")?;
+    for (field, v) in [
+        ("num_hidden_layers", layers),
+        ("hidden_size", hidden),
+        ("num_attention_heads", t.num_attention_heads),
+        ("num_key_value_heads", t.num_key_value_heads),
+        ("head_dim", t.head_dim),
+    ] {
+        if v == 0 {
+            return Err(fl.err(field, "must be positive"));
+        }
+    }
+    let (hq, hkv) = (t.num_attention_heads, t.num_key_value_heads);
+    if hq % hkv != 0 {
+        return Err(fl.err(
+            "num_key_value_heads",
+            format!("{hkv} does not divide num_attention_heads {hq}"),
+        ));
+    }
+    if t.num_kv_shared_layers >= layers {
+        let n = t.num_kv_shared_layers;
+        return Err(fl.err(
+            "num_kv_shared_layers",
+            format!("{n} >= num_hidden_layers {layers}"),
+        ));
+    }
+    Ok((hidden, layers))
+}
+
+/// layer_types: default 5 sliding : 1 full; the last layer is forced full (as transformers does).
+fn layer_kinds(fl: &Fields, t: &TextFields, n: usize) -> Result<Vec<AttnKind>> {
+    let mut kinds: Vec<AttnKind> = match &t.layer_types {
+        None => (0..n)
+            .map(|i| {
+                if (i + 1) % 6 == 0 {
+                    AttnKind::Full
+                } else {
+                    AttnKind::Sliding
+                }
+            })
+            .collect(),
+        Some(a) => {
+            if a.len() != n {
+                let m = format!("has {} entries, num_hidden_layers is {n}", a.len());
+                return Err(fl.err("layer_types", m));
+            }
+            a.iter()
+                .enumerate()
+                .map(|(i, t)| match t.as_str() {
+                    Some("sliding_attention") => Ok(AttnKind::Sliding),
+                    Some("full_attention") => Ok(AttnKind::Full),
+                    _ => Err(fl.err(
+                        &format!("layer_types[{i}]"),
+                        format!("unknown layer type {t}"),
+                    )),
+                })
+                .collect::<Result<_>>()?
+        }
+    };
+    *kinds.last_mut().expect("num_hidden_layers > 0") = AttnKind::Full;
+    Ok(kinds)
+}
+
+/// Per-layer head_dim and KV heads: full layers' from per_layer_config (5.23 on disk) or global_head_dim
+/// (the kwarg form).
+fn layer_heads(
+    fl: &Fields,
+    t: &TextFields,
+    kinds: &[AttnKind],
+) -> Result<(Vec<usize>, Vec<usize>)> {
+    let n = kinds.len();
+    let mut hd = vec![t.head_dim; n];
+    let mut kvh = vec![t.num_key_value_heads; n];
+    match &t.per_layer_config {
+        Some(plc) => {
+            for (k, v) in plc {
+                let f = format!("per_layer_config.{k}");
+                let i: usize = k
+                    .parse()
+                    .map_err(|_| fl.err(&f, "key is not a layer index"))?;
+                if i >= n {
+                    return Err(fl.err(&f, format!("layer index {i} >= num_hidden_layers {n}")));
+                }
+                let vo = v.as_object().ok_or_else(|| fl.err(&f, "not an object"))?;
+                for (kk, vv) in vo {
+                    match (kk.as_str(), vv.as_u64().map(|u| u as usize)) {
+                        ("head_dim", Some(x)) => hd[i] = x,
+                        ("num_key_value_heads", Some(x)) => kvh[i] = x,
+                        _ => {
+                            let m = format!("unsupported per-layer override {vv}");
+                            return Err(fl.err(&format!("{f}.{kk}"), m));
+                        }
+                    }
+                }
+            }
+        }
+        None => {
+            for i in (0..n).filter(|&i| kinds[i] == AttnKind::Full) {
+                hd[i] = t.global_head_dim;
+                if let (true, Some(g)) = (t.attention_k_eq_v, t.num_global_key_value_heads) {
+                    kvh[i] = g;
+                }
+            }
+        }
+    }
+    let hq = t.num_attention_heads;
+    for i in 0..n {
+        if kvh[i] == 0 || hq % kvh[i] != 0 {
+            let m = format!(
+                "layer {i}: {} KV heads do not divide {hq} query heads",
+                kvh[i]
+            );
+            return Err(fl.err("per_layer_config", m));
+        }
+    }
+    Ok((hd, kvh))
+}
+
+/// RoPE per layer type present: rope_parameters, or Gemma-4's defaults (default θ 1e4 sliding,
+/// proportional θ 1e6 with ¼ rotated on full layers).
+fn rope_specs(
+    fl: &Fields,
+    t: &TextFields,
+    kinds: &[AttnKind],
+    hd: &[usize],
+) -> Result<BTreeMap<String, RopeSpec>> {
+    let mut rope = BTreeMap::new();
+    for kind in [AttnKind::Sliding, AttnKind::Full] {
+        if !kinds.contains(&kind) {
+            continue;
+        }
+        let f = format!("rope_parameters.{}", kind.name());
+        let (rt, theta, prf, factor) = match t.rope_parameters.as_ref().map(|r| r.get(kind.name()))
+        {
+            Some(Some(o)) => {
+                let theta = o
+                    .rope_theta
+                    .ok_or_else(|| fl.err(&f, "missing rope_theta"))?;
+                (
+                    o.rope_type.clone(),
+                    theta,
+                    o.partial_rotary_factor,
+                    o.factor,
+                )
+            }
+            Some(None) => return Err(fl.err(&f, "missing")),
+            None => match kind {
+                AttnKind::Sliding => ("default".into(), 10_000.0, 1.0, 1.0),
+                AttnKind::Full => ("proportional".into(), 1_000_000.0, 0.25, 1.0),
+            },
+        };
+        let of_kind: Vec<usize> = (0..kinds.len())
+            .filter(|&i| kinds[i] == kind)
+            .map(|i| hd[i])
+            .collect();
+        let d = of_kind[0];
+        if of_kind.iter().any(|&x| x != d) {
+            return Err(fl.err(
+                "per_layer_config",
+                format!("{} layers disagree on head_dim", kind.name()),
+            ));
+        }
+        let rotated = match rt.as_str() {
+            "default" => d / 2,
+            "proportional" => ((prf * d as f64) as usize / 2).min(d / 2),
+            other => {
+                let m = format!("{other:?} is not supported (default, proportional)");
+                return Err(fl.err(&format!("{f}.rope_type"), m));
+            }
+        };
+        let spec = RopeSpec {
+            rope_type: rt,
+            theta,
+            partial_rotary_factor: prf,
+            factor,
+            head_dim: d,
+            rotated,
+        };
+        rope.insert(kind.name().to_string(), spec);
+    }
+    Ok(rope)
+}
+
+/// KV sharing (Gemma4TextConfig.kv_sharing_modes): the last `num_kv_shared_layers` layers reuse the K/V of
+/// the last earlier layer of their type. Returns each layer's mode and K/V source.
+fn kv_sharing(
+    fl: &Fields,
+    t: &TextFields,
+    kinds: &[AttnKind],
+) -> Result<(Vec<KvMode>, Vec<usize>)> {
+    let n = kinds.len();
+    let first_shared = n - t.num_kv_shared_layers;
+    let mut modes = vec![KvMode::Own; n];
+    let mut source: Vec<usize> = (0..n).collect();
+    if t.num_kv_shared_layers == 0 {
+        return Ok((modes, source));
+    }
+    let mut store_of = BTreeMap::new();
+    for kind in [AttnKind::Sliding, AttnKind::Full] {
+        if !kinds.contains(&kind) {
+            continue;
+        }
+        let s = (0..first_shared)
+            .rev()
+            .find(|&i| kinds[i] == kind)
+            .ok_or_else(|| {
+                let m = format!(
+                    "no non-shared {} layer to provide the shared KV",
+                    kind.name()
+                );
+                fl.err("num_kv_shared_layers", m)
+            })?;
+        modes[s] = KvMode::Store;
+        store_of.insert(kind, s);
+    }
+    for i in first_shared..n {
+        modes[i] = KvMode::Reuse;
+        source[i] = store_of[&kinds[i]];
+    }
+    Ok((modes, source))
 }
