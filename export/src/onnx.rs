@@ -12,7 +12,7 @@
 //! signed storage, `zero_point = −offset − 2^(bw−1)` (0 for the usual −128 / −32768).
 
 use crate::onnx_proto::*;
-use hexq_graph::ir::{DType, Graph, InitSource, Op, OPSET};
+use hexq_graph::ir::{DType, Graph, InitSource, Initializer, Node, Op, ValueInfo, OPSET};
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_quantize::{Encoding, Encodings};
 use prost::Message;
@@ -372,47 +372,94 @@ pub fn write_onnx(
         inits: Vec::new(),
         nodes: Vec::new(),
     };
-    let (acts, params): (HashMap<&str, &Encoding>, HashMap<&str, &Vec<Encoding>>) = match o.qdq {
-        Some(e) => (
-            e.activation_encodings
+    let enc = Encs::new(o);
+    // Phases: initializers (weights streamed to external data, params stored quantized), activation QDQ on
+    // the inputs, the nodes (with their QDQ), then the model proto.
+    initializers(&mut em, ck, g, o, &enc)?;
+    let reads = input_qdq(&mut em, g, &enc)?;
+    nodes(&mut em, g, o, &enc, reads)?;
+    let Emit { data, inits, nodes } = em;
+    let files = data.finish()?;
+    let model = model_proto(g, o, nodes, inits);
+    let p = dir.join(format!("{stem}.onnx"));
+    let bytes = model.encode_to_vec();
+    let mut f = std::fs::File::create(&p).map_err(|e| Error::io(&p, e))?;
+    f.write_all(&bytes).map_err(|e| Error::io(&p, e))?;
+    f.sync_all().map_err(|e| Error::io(&p, e))?;
+    let mut all = vec![(format!("{stem}.onnx"), None)];
+    all.extend(files.into_iter().map(|(f, h)| (f, Some(h))));
+    Ok(all)
+}
+
+/// The encodings by tensor name: activations (first entry) and params (per channel).
+struct Encs<'a> {
+    acts: HashMap<&'a str, &'a Encoding>,
+    params: HashMap<&'a str, &'a Vec<Encoding>>,
+}
+
+impl<'a> Encs<'a> {
+    fn new(o: &'a ExportOptions) -> Self {
+        let Some(e) = o.qdq else {
+            return Encs {
+                acts: HashMap::new(),
+                params: HashMap::new(),
+            };
+        };
+        Encs {
+            acts: e
+                .activation_encodings
                 .iter()
                 .filter_map(|(k, v)| v.first().map(|x| (k.as_str(), x)))
                 .collect(),
-            e.param_encodings
+            params: e
+                .param_encodings
                 .iter()
                 .map(|(k, v)| (k.as_str(), v))
                 .collect(),
-        ),
-        None => (HashMap::new(), HashMap::new()),
-    };
-    // Reused across weights: converting into fresh vectors faulted in and zeroed ~15 GB of pages.
-    let (mut fbuf, mut tbuf, mut qbuf, mut hbuf): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u8>) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let taps = o.calibration.is_some();
+        }
+    }
+}
+
+/// Buffers reused across weights: converting into fresh vectors faulted in and zeroed ~15 GB of pages.
+#[derive(Default)]
+struct Bufs {
+    f: Vec<f32>,
+    t: Vec<f32>,
+    q: Vec<f32>,
+    h: Vec<u8>,
+}
+
+/// Every initializer: int64 constants, float constants, checkpoint weights (transposed for MatMul views),
+/// fake-quantized for a calibration graph, stored quantized + DequantizeLinear for params with encodings,
+/// or f16 + Cast.
+fn initializers(
+    em: &mut Emit,
+    ck: &Checkpoint,
+    g: &Graph,
+    o: &ExportOptions,
+    enc: &Encs,
+) -> Result<()> {
+    let mut b = Bufs::default();
     for i in &g.initializers {
         let dims: Vec<i64> = i.ty.shape.iter().map(|&d| d as i64).collect();
         let mut src_bytes = 0u64;
         let values: &[f32] = match &i.source {
             InitSource::I64(v) => {
-                em.init(
-                    &i.name,
-                    &dims,
-                    elem::INT64,
-                    v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
-                )?;
+                let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+                em.init(&i.name, &dims, elem::INT64, bytes)?;
                 continue;
             }
             InitSource::F32(v) => v,
             InitSource::Weight { tensor, transpose } => {
                 let info = ck.info(tensor)?;
-                hexq_model::weights::to_f32_into(ck.store.bytes(info), info.dtype, &mut fbuf);
+                hexq_model::weights::to_f32_into(ck.store.bytes(info), info.dtype, &mut b.f);
                 ck.store.release(info);
                 src_bytes = (info.end - info.start) as u64;
                 if *transpose {
-                    transpose_into(&fbuf, info.shape[0], info.shape[1], &mut tbuf);
-                    &tbuf
+                    transpose_into(&b.f, info.shape[0], info.shape[1], &mut b.t);
+                    &b.t
                 } else {
-                    &fbuf
+                    &b.f
                 }
             }
         };
@@ -425,62 +472,25 @@ pub fn write_onnx(
                         i.name, i.ty.shape
                     )));
                 }
-                qbuf.clear();
-                qbuf.extend(
+                b.q.clear();
+                b.q.extend(
                     values
                         .iter()
                         .enumerate()
                         .map(|(k, &x)| e[k % c].fake_param(x)),
                 );
-                &qbuf[..]
+                &b.q[..]
             }
             None => values,
         };
-        if let Some(e) = params.get(i.name.as_str()) {
-            // Stored quantized; per-channel along the last axis (output channel of the [in, out] view).
-            let qname = format!("{}.quantized", i.name);
-            let (s, z, elem) = em.qparams(&i.name, e)?;
-            let q: Vec<i64> = if e.len() == 1 {
-                values.iter().map(|&x| quant_store(&e[0], x)).collect()
-            } else {
-                let c = *i.ty.shape.last().unwrap();
-                if c != e.len() {
-                    return Err(Error::Msg(format!(
-                        "param {}: {} channel encodings for {c} output channels",
-                        i.name,
-                        e.len()
-                    )));
-                }
-                values
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &x)| quant_store(&e[k % c], x))
-                    .collect()
-            };
-            em.init(&qname, &dims, elem, int_bytes(elem, q.into_iter()))?;
-            let attrs = if e.len() > 1 {
-                vec![attr_i("axis", dims.len() as i64 - 1)]
-            } else {
-                vec![]
-            };
-            em.node(
-                "DequantizeLinear",
-                &format!("{}.dq", i.name),
-                &[&qname, &s, &z],
-                &i.name,
-                attrs,
-            );
+        if let Some(e) = enc.params.get(i.name.as_str()) {
+            quantized_param(em, i, &dims, e, values)?;
         } else if o.weights == WeightType::F16 && matches!(i.source, InitSource::Weight { .. }) {
             let h = format!("{}.f16", i.name);
-            le_bytes_into(values, true, &mut hbuf);
-            em.init(&h, &dims, elem::FLOAT16, &hbuf)?;
-            em.node(
-                "Cast",
-                &format!("{}.cast", i.name),
-                &[&h],
-                &i.name,
-                vec![attr_i("to", 1)],
-            );
+            le_bytes_into(values, true, &mut b.h);
+            em.init(&h, &dims, elem::FLOAT16, &b.h)?;
+            let to = vec![attr_i("to", elem::FLOAT as i64)];
+            em.node("Cast", &format!("{}.cast", i.name), &[&h], &i.name, to);
         } else {
             em.init(&i.name, &dims, elem::FLOAT, f32_le(values))?;
         }
@@ -488,79 +498,110 @@ pub fn write_onnx(
             p(src_bytes);
         }
     }
-    // Activation QDQ: consumers of an encoded tensor read its dequantized copy.
-    let outputs: HashSet<&str> = g.outputs.iter().map(|v| v.name.as_str()).collect();
-    let mut reads: HashMap<String, String> = HashMap::new();
-    let qdq = |em: &mut Emit, t: &str, e: &Encoding, src: &str, dst: &str| -> Result<()> {
-        let (s, z, _) = em.qparams(t, std::slice::from_ref(e))?;
-        let q = format!("{t}.q");
-        em.node(
-            "QuantizeLinear",
-            &format!("{t}.quantize"),
-            &[src, &s, &z],
-            &q,
-            vec![],
-        );
-        em.node(
-            "DequantizeLinear",
-            &format!("{t}.dequantize"),
-            &[&q, &s, &z],
-            dst,
-            vec![],
-        );
-        Ok(())
+    Ok(())
+}
+
+/// A param stored as integers on its grid (per channel along the last axis: the output channel of the
+/// [in, out] view), read through DequantizeLinear.
+fn quantized_param(
+    em: &mut Emit,
+    i: &Initializer,
+    dims: &[i64],
+    e: &[Encoding],
+    values: &[f32],
+) -> Result<()> {
+    let qname = format!("{}.quantized", i.name);
+    let (s, z, ty) = em.qparams(&i.name, e)?;
+    let q: Vec<i64> = if e.len() == 1 {
+        values.iter().map(|&x| quant_store(&e[0], x)).collect()
+    } else {
+        let c = *i.ty.shape.last().unwrap_or(&0);
+        if c != e.len() {
+            return Err(Error::Msg(format!(
+                "param {}: {} channel encodings for {c} output channels",
+                i.name,
+                e.len()
+            )));
+        }
+        values
+            .iter()
+            .enumerate()
+            .map(|(k, &x)| quant_store(&e[k % c], x))
+            .collect()
     };
+    em.init(&qname, dims, ty, int_bytes(ty, q.into_iter()))?;
+    let attrs = if e.len() > 1 {
+        vec![attr_i("axis", dims.len() as i64 - 1)]
+    } else {
+        vec![]
+    };
+    em.node(
+        "DequantizeLinear",
+        &format!("{}.dq", i.name),
+        &[&qname, &s, &z],
+        &i.name,
+        attrs,
+    );
+    Ok(())
+}
+
+/// QuantizeLinear → DequantizeLinear of `t` on its encoding, `src` → `dst`.
+fn qdq(em: &mut Emit, t: &str, e: &Encoding, src: &str, dst: &str) -> Result<()> {
+    let (s, z, _) = em.qparams(t, std::slice::from_ref(e))?;
+    let q = format!("{t}.q");
+    em.node(
+        "QuantizeLinear",
+        &format!("{t}.quantize"),
+        &[src, &s, &z],
+        &q,
+        vec![],
+    );
+    em.node(
+        "DequantizeLinear",
+        &format!("{t}.dequantize"),
+        &[&q, &s, &z],
+        dst,
+        vec![],
+    );
+    Ok(())
+}
+
+/// Activation QDQ on the float inputs; returns which tensor each consumer reads instead of an input.
+fn input_qdq(em: &mut Emit, g: &Graph, enc: &Encs) -> Result<HashMap<String, String>> {
+    let mut reads = HashMap::new();
     for v in &g.inputs {
-        if let Some(e) = acts.get(v.name.as_str()).filter(|_| v.ty.dtype.is_float()) {
+        if let Some(e) = enc
+            .acts
+            .get(v.name.as_str())
+            .filter(|_| v.ty.dtype.is_float())
+        {
             let dq = format!("{}.dq", v.name);
-            qdq(&mut em, &v.name, e, &v.name, &dq)?;
+            qdq(em, &v.name, e, &v.name, &dq)?;
             reads.insert(v.name.clone(), dq);
         }
     }
+    Ok(reads)
+}
+
+/// The graph's nodes in order: ONNX attributes or constant inputs from the op, consumers of an encoded
+/// tensor reading its dequantized copy (graph outputs keep their names on the dequantized side).
+fn nodes(
+    em: &mut Emit,
+    g: &Graph,
+    o: &ExportOptions,
+    enc: &Encs,
+    mut reads: HashMap<String, String>,
+) -> Result<()> {
+    let outputs: HashSet<&str> = g.outputs.iter().map(|v| v.name.as_str()).collect();
     let inits: HashSet<&str> = g.initializers.iter().map(|i| i.name.as_str()).collect();
+    let taps = o.calibration.is_some();
     for n in &g.nodes {
         let mut inputs: Vec<String> = n
             .inputs
             .iter()
             .map(|x| reads.get(x).cloned().unwrap_or_else(|| x.clone()))
             .collect();
-        let mut attrs = Vec::new();
-        let konst =
-            |em: &mut Emit, suffix: &str, v: &[i64], inputs: &mut Vec<String>| -> Result<()> {
-                let name = format!("{}.{suffix}", n.name);
-                em.init(
-                    &name,
-                    &[v.len() as i64],
-                    elem::INT64,
-                    v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
-                )?;
-                inputs.push(name);
-                Ok(())
-            };
-        match &n.op {
-            Op::Mod => attrs.push(attr_i("fmod", 0)),
-            Op::ReduceMean { axes, keepdims } => {
-                konst(&mut em, "axes", axes, &mut inputs)?;
-                attrs.push(attr_i("keepdims", *keepdims as i64));
-            }
-            Op::Softmax { axis } | Op::Concat { axis } | Op::Gather { axis } => {
-                attrs.push(attr_i("axis", *axis))
-            }
-            Op::Reshape { shape } => konst(&mut em, "shape", shape, &mut inputs)?,
-            Op::Transpose { perm } => attrs.push(attr_ints(
-                "perm",
-                &perm.iter().map(|&p| p as i64).collect::<Vec<_>>(),
-            )),
-            Op::Slice { starts, ends, axes } => {
-                konst(&mut em, "starts", starts, &mut inputs)?;
-                konst(&mut em, "ends", ends, &mut inputs)?;
-                konst(&mut em, "axes", axes, &mut inputs)?;
-            }
-            Op::Cast { to } => attrs.push(attr_i("to", onnx_dtype(*to) as i64)),
-            Op::Expand { shape } => konst(&mut em, "shape", shape, &mut inputs)?,
-            Op::Unsqueeze { axes } => konst(&mut em, "axes", axes, &mut inputs)?,
-            _ => {}
-        }
+        let attrs = op_attrs(em, n, &mut inputs)?;
         if taps && n.op == Op::MatMul && inits.contains(inputs[1].as_str()) {
             // A calibration graph reads each weight through a node, as aimet-onnx's (weight → its quantizer →
             // MatMul) does: onnxruntime prepacks a constant MatMul input, and MLAS's prepacked and dynamic
@@ -576,27 +617,83 @@ pub fn write_onnx(
             inputs[1] = d;
         }
         let out = &n.outputs[0];
-        let enc = acts
+        let e = enc
+            .acts
             .get(out.as_str())
             .filter(|_| g.types[out].dtype.is_float());
-        let written = match enc {
+        let written = match e {
             Some(_) if outputs.contains(out.as_str()) => format!("{out}.float"),
             _ => out.clone(),
         };
         let ins: Vec<&str> = inputs.iter().map(|s| s.as_str()).collect();
         em.node(n.op.onnx_name(), &n.name, &ins, &written, attrs);
-        if let Some(e) = enc {
+        if let Some(e) = e {
             if written != *out {
-                qdq(&mut em, out, e, &written, out)?;
+                qdq(em, out, e, &written, out)?;
             } else {
                 let dq = format!("{out}.dq");
-                qdq(&mut em, out, e, out, &dq)?;
+                qdq(em, out, e, out, &dq)?;
                 reads.insert(out.clone(), dq);
             }
         }
     }
-    let Emit { data, inits, nodes } = em;
-    let files = data.finish()?;
+    Ok(())
+}
+
+/// An op's ONNX attributes; opset-21 ops that take them as inputs get int64 constants appended to `inputs`.
+fn op_attrs(em: &mut Emit, n: &Node, inputs: &mut Vec<String>) -> Result<Vec<AttributeProto>> {
+    let mut attrs = Vec::new();
+    let mut konst = |em: &mut Emit, suffix: &str, v: &[i64]| -> Result<()> {
+        let name = format!("{}.{suffix}", n.name);
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        em.init(&name, &[v.len() as i64], elem::INT64, bytes)?;
+        inputs.push(name);
+        Ok(())
+    };
+    match &n.op {
+        Op::Mod => attrs.push(attr_i("fmod", 0)),
+        Op::ReduceMean { axes, keepdims } => {
+            konst(em, "axes", axes)?;
+            attrs.push(attr_i("keepdims", *keepdims as i64));
+        }
+        Op::Softmax { axis } | Op::Concat { axis } | Op::Gather { axis } => {
+            attrs.push(attr_i("axis", *axis))
+        }
+        Op::Reshape { shape } => konst(em, "shape", shape)?,
+        Op::Transpose { perm } => {
+            let perm: Vec<i64> = perm.iter().map(|&p| p as i64).collect();
+            attrs.push(attr_ints("perm", &perm))
+        }
+        Op::Slice { starts, ends, axes } => {
+            konst(em, "starts", starts)?;
+            konst(em, "ends", ends)?;
+            konst(em, "axes", axes)?;
+        }
+        Op::Cast { to } => attrs.push(attr_i("to", onnx_dtype(*to) as i64)),
+        Op::Expand { shape } => konst(em, "shape", shape)?,
+        Op::Unsqueeze { axes } => konst(em, "axes", axes)?,
+        _ => {}
+    }
+    Ok(attrs)
+}
+
+/// The model: graph I/O with their docs (a calibration graph also outputs every float tensor), opset 21,
+/// IR 10, and the graph's content hash as metadata.
+fn model_proto(
+    g: &Graph,
+    o: &ExportOptions,
+    nodes: Vec<NodeProto>,
+    inits: Vec<TensorProto>,
+) -> ModelProto {
+    let taps = o.calibration.is_some();
+    let outputs: HashSet<&str> = g.outputs.iter().map(|v| v.name.as_str()).collect();
+    let io = |v: &ValueInfo| vinfo(&v.name, v.ty.dtype, &v.ty.shape, &v.doc);
+    let tapped = g
+        .nodes
+        .iter()
+        .map(|n| &n.outputs[0])
+        .filter(|t| taps && g.types[*t].dtype.is_float() && !outputs.contains(t.as_str()))
+        .map(|t| vinfo(t, g.types[t].dtype, &g.types[t].shape, ""));
     let graph = GraphProto {
         node: nodes,
         name: g.name.clone(),
@@ -606,28 +703,11 @@ pub fn write_onnx(
             g.name,
             if o.qdq.is_some() { " (QDQ)" } else { "" }
         ),
-        input: g
-            .inputs
-            .iter()
-            .map(|v| vinfo(&v.name, v.ty.dtype, &v.ty.shape, &v.doc))
-            .collect(),
-        output: g
-            .outputs
-            .iter()
-            .map(|v| vinfo(&v.name, v.ty.dtype, &v.ty.shape, &v.doc))
-            .chain(
-                g.nodes
-                    .iter()
-                    .map(|n| &n.outputs[0])
-                    .filter(|t| {
-                        taps && g.types[*t].dtype.is_float() && !outputs.contains(t.as_str())
-                    })
-                    .map(|t| vinfo(t, g.types[t].dtype, &g.types[t].shape, "")),
-            )
-            .collect(),
+        input: g.inputs.iter().map(io).collect(),
+        output: g.outputs.iter().map(io).chain(tapped).collect(),
         value_info: vec![],
     };
-    let model = ModelProto {
+    ModelProto {
         ir_version: IR_VERSION,
         producer_name: "hexq".into(),
         producer_version: env!("CARGO_PKG_VERSION").into(),
@@ -641,13 +721,5 @@ pub fn write_onnx(
             key: "hexq.graph_sha256".into(),
             value: g.content_hash(),
         }],
-    };
-    let p = dir.join(format!("{stem}.onnx"));
-    let bytes = model.encode_to_vec();
-    let mut f = std::fs::File::create(&p).map_err(|e| Error::io(&p, e))?;
-    f.write_all(&bytes).map_err(|e| Error::io(&p, e))?;
-    f.sync_all().map_err(|e| Error::io(&p, e))?;
-    let mut all = vec![(format!("{stem}.onnx"), None)];
-    all.extend(files.into_iter().map(|(f, h)| (f, Some(h))));
-    Ok(all)
+    }
 }
