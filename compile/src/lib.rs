@@ -115,104 +115,14 @@ fn ort_qnn(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
         "compiling {variant} for {} (QNN HTP, ort-qnn)",
         a.target
     ));
-    let mut child = Command::new(&cmd[0])
-        .args(&cmd[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running python3 (the ort-qnn toolchain needs python3 with onnxruntime-qnn)")?;
-    {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(ORT_QNN_SCRIPT.as_bytes())?;
-    }
-    let mut err_pipe = child.stderr.take().unwrap();
-    let errs = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err_pipe.read_to_string(&mut s);
-        s
-    });
-    let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out)?;
-    let status = child.wait()?;
-    let stderr = errs.join().unwrap_or_default();
+    let rep = run_script(&cmd, &onnx);
     pb.finish_and_clear();
-    // The QNN libraries print a banner on stdout; the report is the JSON object that starts a line.
-    let js = out
-        .find("\n{")
-        .map(|i| &out[i + 1..])
-        .or_else(|| out.starts_with('{').then_some(&out[..]))
-        .unwrap_or("");
-    let rep: Value = serde_json::from_str(js).map_err(|_| {
-        anyhow!(
-            "ort-qnn compile of {} failed ({status}): {}",
-            onnx.display(),
-            stderr
-                .lines()
-                .filter(|l| !l.contains("[W:"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        )
-    })?;
-    if !status.success() || rep["ok"] != true {
-        let off: Vec<String> = rep["nodes_off_htp"]
-            .as_array()
-            .map(|v| {
-                v.iter()
-                    .map(|n| {
-                        format!(
-                            "{} ({}): {}",
-                            n["name"].as_str().unwrap_or("?"),
-                            n["op"].as_str().unwrap_or("?"),
-                            n["reason"].as_str().unwrap_or("refused by the QNN EP")
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        bail!(
-            "{}: compile for {} failed: {}\nnodes off HTP ({}):\n  {}\nerrors:\n  {}",
-            onnx.display(),
-            a.target,
-            rep["error"].as_str().unwrap_or("?"),
-            off.len(),
-            off.join("\n  "),
-            rep["reasons"]
-                .as_array()
-                .map(|r| r
-                    .iter()
-                    .filter_map(|x| x.as_str())
-                    .collect::<Vec<_>>()
-                    .join("\n  "))
-                .unwrap_or_default()
-        );
-    }
-    // The binary must embed the target's SoC and arch.
-    let (soc, arch) = (t["soc"].as_str().unwrap(), t["htp_arch"].as_u64().unwrap());
-    if rep["embedded_soc"] != soc || rep["embedded_arch"] != arch {
-        bail!(
-            "{}: the binary embeds soc {} arch {}, target {} is {soc} arch {arch}",
-            tmp.join(format!("{name}.bin")).display(),
-            rep["embedded_soc"],
-            rep["embedded_arch"],
-            a.target
-        );
-    }
-    if rep["nodes_off_htp"]
-        .as_array()
-        .map(|v| !v.is_empty())
-        .unwrap_or(true)
-    {
-        bail!(
-            "{}: nodes off HTP: {}",
-            onnx.display(),
-            rep["nodes_off_htp"]
-        );
-    }
+    let rep = rep?;
+    check_report(&rep, t, &onnx, &tmp.join(format!("{name}.bin")), &a.target)?;
+    let (soc, arch) = (
+        t["soc"].as_str().unwrap_or_default(),
+        t["htp_arch"].as_u64().unwrap_or(0),
+    );
     // Bin first, then the EPContext graph that names it: a crash between leaves no graph pointing at nothing.
     std::fs::rename(tmp.join(format!("{name}.bin")), &bin)?;
     std::fs::rename(tmp.join(format!("{name}.onnx")), &ctx)?;
@@ -237,6 +147,107 @@ fn ort_qnn(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
             rep["nodes"],
             rep["seconds"],
             ctx.display()
+        );
+    }
+    Ok(())
+}
+
+/// Runs compile-scripts/ort_qnn_compile.py (fed on stdin) and returns its JSON report.
+fn run_script(cmd: &[String], onnx: &Path) -> Result<Value> {
+    let mut child = Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running python3 (the ort-qnn toolchain needs python3 with onnxruntime-qnn)")?;
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().context("python3's stdin")?;
+        stdin.write_all(ORT_QNN_SCRIPT.as_bytes())?;
+    }
+    let mut err_pipe = child.stderr.take().context("python3's stderr")?;
+    let errs = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err_pipe.read_to_string(&mut s);
+        s
+    });
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .context("python3's stdout")?
+        .read_to_string(&mut out)?;
+    let status = child.wait()?;
+    let stderr = errs.join().unwrap_or_default();
+    // The QNN libraries print a banner on stdout; the report is the JSON object that starts a line.
+    let js = out
+        .find("\n{")
+        .map(|i| &out[i + 1..])
+        .or_else(|| out.starts_with('{').then_some(&out[..]))
+        .unwrap_or("");
+    let mut rep: Value = serde_json::from_str(js).map_err(|_| {
+        let errs: Vec<&str> = stderr.lines().filter(|l| !l.contains("[W:")).collect();
+        anyhow!(
+            "ort-qnn compile of {} failed ({status}): {}",
+            onnx.display(),
+            errs.join("\n")
+        )
+    })?;
+    if !status.success() {
+        rep["ok"] = false.into();
+    }
+    Ok(rep)
+}
+
+/// The report must say every node ran on HTP and the binary embeds the target's SoC and arch.
+fn check_report(rep: &Value, t: &Value, onnx: &Path, bin: &Path, target: &str) -> Result<()> {
+    let off = rep["nodes_off_htp"].as_array();
+    if rep["ok"] != true {
+        let off: Vec<String> = off
+            .into_iter()
+            .flatten()
+            .map(|n| {
+                let reason = n["reason"].as_str().unwrap_or("refused by the QNN EP");
+                format!(
+                    "{} ({}): {reason}",
+                    n["name"].as_str().unwrap_or("?"),
+                    n["op"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        let reasons: Vec<&str> = rep["reasons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x.as_str())
+            .collect();
+        bail!(
+            "{}: compile for {target} failed: {}\nnodes off HTP ({}):\n  {}\nerrors:\n  {}",
+            onnx.display(),
+            rep["error"].as_str().unwrap_or("?"),
+            off.len(),
+            off.join("\n  "),
+            reasons.join("\n  ")
+        );
+    }
+    let (soc, arch) = (
+        t["soc"].as_str().unwrap_or_default(),
+        t["htp_arch"].as_u64().unwrap_or(0),
+    );
+    if rep["embedded_soc"] != soc || rep["embedded_arch"] != arch {
+        bail!(
+            "{}: the binary embeds soc {} arch {}, target {target} is {soc} arch {arch}",
+            bin.display(),
+            rep["embedded_soc"],
+            rep["embedded_arch"],
+        );
+    }
+    if off.map(|v| !v.is_empty()).unwrap_or(true) {
+        bail!(
+            "{}: nodes off HTP: {}",
+            onnx.display(),
+            rep["nodes_off_htp"]
         );
     }
     Ok(())
