@@ -250,15 +250,7 @@ fn log_softmax(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64 - z).collect()
 }
 
-fn cos(a: &[f32], b: &[f32]) -> f64 {
-    let (mut d, mut na, mut nb) = (0f64, 0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        d += *x as f64 * *y as f64;
-        na += (*x as f64).powi(2);
-        nb += (*y as f64).powi(2);
-    }
-    d / (na.sqrt() * nb.sqrt()).max(1e-30)
-}
+use crate::verify::cos;
 
 /// Run every scheme over the token sequences (teacher-forced, all positions) against float.
 pub fn ablate(

@@ -38,6 +38,28 @@ pub struct PromptResult {
     pub step_cosine: Vec<f64>,
 }
 
+impl PromptResult {
+    /// The prefill figures of one prompt: reference (hidden, logits) vs candidate (hidden, logits).
+    fn prefill(
+        id: &str,
+        tokens: usize,
+        (hf, lf): (&[f32], &[f32]),
+        (hq, lq): (&[f32], &[f32]),
+    ) -> Self {
+        PromptResult {
+            id: id.to_string(),
+            prompt_tokens: tokens,
+            top1_agree: argmax(lf) == argmax(lq),
+            cosine: cos(hf, hq),
+            kl: kl(lf, lq),
+            norm_ratio: norm(hq) / norm(hf).max(1e-30),
+            greedy_exact: true,
+            greedy_agree_steps: 0,
+            step_cosine: vec![],
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Coverage {
     pub tensor: String,
@@ -66,7 +88,8 @@ pub struct Report {
     pub per_prompt: Vec<PromptResult>,
 }
 
-fn cos(a: &[f32], b: &[f32]) -> f64 {
+/// Cosine similarity in f64.
+pub fn cos(a: &[f32], b: &[f32]) -> f64 {
     let (mut d, mut na, mut nb) = (0f64, 0f64, 0f64);
     for (x, y) in a.iter().zip(b) {
         d += *x as f64 * *y as f64;
@@ -151,17 +174,7 @@ pub fn verify(
         let hf = f.hidden(&ids)?.pop().unwrap();
         let hq = q.hidden(&ids)?.pop().unwrap();
         let (lf, lq) = (f.logits(&hf)?, q.logits(&hq)?);
-        let mut res = PromptResult {
-            id: r.id.clone(),
-            prompt_tokens: ids.len(),
-            top1_agree: argmax(&lf) == argmax(&lq),
-            cosine: cos(&hf, &hq),
-            kl: kl(&lf, &lq),
-            norm_ratio: norm(&hq) / norm(&hf).max(1e-30),
-            greedy_exact: true,
-            greedy_agree_steps: 0,
-            step_cosine: vec![],
-        };
+        let mut res = PromptResult::prefill(&r.id, ids.len(), (&hf, &lf), (&hq, &lq));
         // Decode: teacher-forced on float's greedy tokens. Quant agrees on every step ⇔ its own greedy
         // continuation is token-exact.
         if v != Variant::Trunk {
@@ -261,17 +274,12 @@ pub fn compare_many(
             rf.reset_all();
             let hf = rf.hidden_all(&ids)?.pop().unwrap();
             let lf = rf.logits_of(&hf)?;
-            per[k].push(PromptResult {
-                id: r.id.clone(),
-                prompt_tokens: ids.len(),
-                top1_agree: argmax(&lf) == argmax(&lq),
-                cosine: cos(&hf, &hq),
-                kl: kl(&lf, &lq),
-                norm_ratio: norm(&hq) / norm(&hf).max(1e-30),
-                greedy_exact: true,
-                greedy_agree_steps: 0,
-                step_cosine: vec![],
-            });
+            per[k].push(PromptResult::prefill(
+                &r.id,
+                ids.len(),
+                (&hf, &lf),
+                (&hq, &lq),
+            ));
             lfs.push(lf);
         }
         for _ in 0..steps {
