@@ -267,15 +267,18 @@ fn q4_0_q8_0_q6_k_blocks_equal_the_reference_quantizers() {
     bad[3] = f32::NAN;
     assert!(ggml::quantize_q4_0(&bad, &mut vec![])
         .unwrap_err()
+        .to_string()
         .contains("non-finite"));
     bad[3] = f32::INFINITY;
     assert!(ggml::quantize_q8_0(&bad, &mut vec![])
         .unwrap_err()
+        .to_string()
         .contains("non-finite"));
     let mut bad = vec![0f32; 256];
     bad[200] = f32::NEG_INFINITY;
     assert!(ggml::quantize_q6_k(&bad, &mut vec![])
         .unwrap_err()
+        .to_string()
         .contains("non-finite"));
 }
 

@@ -100,26 +100,49 @@ fn c_i8(v: f32) -> i8 {
     i as i8
 }
 
+/// Why a block quantizer refused its input (the caller adds the tensor's name).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GgmlError {
+    #[error("{len} values is not a multiple of the {ty} block size {block}")]
+    PartialBlock {
+        len: usize,
+        ty: &'static str,
+        block: usize,
+    },
+    #[error("row length {row} is not a multiple of {block}")]
+    RowLength { row: usize, block: usize },
+    #[error("non-finite value {value} at element {index}")]
+    NonFinite { value: f32, index: usize },
+    #[error("{0} is not a block type")]
+    NotBlockType(&'static str),
+}
+
+type Result<T> = std::result::Result<T, GgmlError>;
+
 /// `x` must be whole blocks of `block` values.
-fn check_blocks(x: &[f32], block: usize, ty: &str) -> Result<(), String> {
+fn check_blocks(x: &[f32], block: usize, ty: &'static str) -> Result<()> {
     match x.len() % block {
         0 => Ok(()),
-        _ => Err(format!(
-            "{} values is not a multiple of the {ty} block size {block}",
-            x.len()
-        )),
+        _ => Err(GgmlError::PartialBlock {
+            len: x.len(),
+            ty,
+            block,
+        }),
     }
 }
 
-fn check_finite(x: &[f32]) -> Result<(), String> {
+fn check_finite(x: &[f32]) -> Result<()> {
     match x.iter().position(|v| !v.is_finite()) {
-        Some(i) => Err(format!("non-finite value {} at element {i}", x[i])),
+        Some(index) => Err(GgmlError::NonFinite {
+            value: x[index],
+            index,
+        }),
         None => Ok(()),
     }
 }
 
 /// `quantize_row_q4_0_ref`.
-pub fn quantize_q4_0(x: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
+pub fn quantize_q4_0(x: &[f32], out: &mut Vec<u8>) -> Result<()> {
     check_blocks(x, QK, "q4_0")?;
     let start = out.len();
     #[cfg(target_arch = "x86_64")]
@@ -189,7 +212,7 @@ fn q4_0_blocks(x: &[f32], out: &mut Vec<u8>) -> bool {
 }
 
 /// `quantize_row_q8_0_ref`.
-pub fn quantize_q8_0(x: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
+pub fn quantize_q8_0(x: &[f32], out: &mut Vec<u8>) -> Result<()> {
     check_blocks(x, QK, "q8_0")?;
     check_finite(x)?;
     for b in x.chunks(QK) {
@@ -352,7 +375,7 @@ unsafe fn make_qx_quants_16x16_avx2(b: &[f32], l_out: &mut [i8; QK_K], scales: &
 }
 
 /// `quantize_row_q6_K_ref`.
-pub fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) -> Result<(), String> {
+pub fn quantize_q6_k(x: &[f32], out: &mut Vec<u8>) -> Result<()> {
     check_blocks(x, QK_K, "q6_K")?;
     check_finite(x)?;
     #[cfg(target_arch = "x86_64")]
@@ -468,7 +491,7 @@ pub fn dequantize_q8_0(b: &[u8]) -> Vec<f32> {
 }
 
 /// Values in a ggml type (rayon over rows for the block types; `row` = ne0).
-pub fn encode(t: GgmlType, x: &[f32], row: usize) -> Result<Vec<u8>, String> {
+pub fn encode(t: GgmlType, x: &[f32], row: usize) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     encode_into(t, x, row, &mut out)?;
     Ok(out)
@@ -476,7 +499,7 @@ pub fn encode(t: GgmlType, x: &[f32], row: usize) -> Result<Vec<u8>, String> {
 
 /// [`encode`] into a reused buffer (streaming writers call this per chunk: no fresh allocation, so no
 /// zero-fill page faults per chunk).
-pub fn encode_into(t: GgmlType, x: &[f32], row: usize, out: &mut Vec<u8>) -> Result<(), String> {
+pub fn encode_into(t: GgmlType, x: &[f32], row: usize, out: &mut Vec<u8>) -> Result<()> {
     use rayon::prelude::*;
     out.clear();
     match t {
@@ -489,7 +512,7 @@ pub fn encode_into(t: GgmlType, x: &[f32], row: usize, out: &mut Vec<u8>) -> Res
         GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q6_K => {
             let blk = t.block();
             if row % blk != 0 {
-                return Err(format!("row length {row} is not a multiple of {blk}"));
+                return Err(GgmlError::RowLength { row, block: blk });
             }
             out.resize(t.bytes(x.len()), 0);
             // 8192 values per task.
@@ -504,22 +527,14 @@ pub fn encode_into(t: GgmlType, x: &[f32], row: usize, out: &mut Vec<u8>) -> Res
 /// [`encode_into`] for q4_0/q8_0 straight from little-endian bf16 bytes: each task widens its 256 blocks into a
 /// cache-resident buffer and quantizes them, instead of a pass through a tensor-sized f32 buffer (bf16 → f32
 /// is exact, so the blocks are the same bytes).
-pub fn encode_bf16_into(
-    t: GgmlType,
-    b: &[u8],
-    row: usize,
-    out: &mut Vec<u8>,
-) -> Result<(), String> {
+pub fn encode_bf16_into(t: GgmlType, b: &[u8], row: usize, out: &mut Vec<u8>) -> Result<()> {
     use rayon::prelude::*;
     if !t.is_block() {
-        return Err(format!(
-            "encode_bf16_into: {} is not a block type",
-            t.name()
-        ));
+        return Err(GgmlError::NotBlockType(t.name()));
     }
     let blk = t.block();
     if row % blk != 0 {
-        return Err(format!("row length {row} is not a multiple of {blk}"));
+        return Err(GgmlError::RowLength { row, block: blk });
     }
     let n = b.len() / 2;
     out.clear();
@@ -540,7 +555,7 @@ pub fn encode_bf16_into(
 const TASK: usize = 8192;
 
 /// One rayon task of blocks into its slice of the output.
-fn quantize_task(t: GgmlType, xs: &[f32], os: &mut [u8]) -> Result<(), String> {
+fn quantize_task(t: GgmlType, xs: &[f32], os: &mut [u8]) -> Result<()> {
     let mut tmp = Vec::with_capacity(os.len());
     match t {
         GgmlType::Q4_0 => quantize_q4_0(xs, &mut tmp)?,
