@@ -566,7 +566,8 @@ fn values(ck: &Checkpoint, p: &Plan) -> Result<Vec<f32>> {
     }
 }
 
-/// Write `path` (via a temp file renamed at the end). `progress` gets checkpoint bytes consumed.
+/// Write `path` (via a temp file renamed at the end), in gguf-py's phases: header, key-values, tensor
+/// infos, then the aligned tensor data. `progress` gets checkpoint bytes consumed.
 pub fn write_gguf(
     ck: &Checkpoint,
     path: &Path,
@@ -576,17 +577,43 @@ pub fn write_gguf(
 ) -> Result<(Vec<Plan>, String)> {
     let plan = plan(ck, ft, pure)?;
     let kv = metadata(ck, ft, &plan)?;
+    let head = header(&kv, &plan);
+    let out = hexq_fsutil::AtomicFile::new(path);
+    // Hashed as written, page cache bypassed (O_DIRECT; see HashedFile).
+    let mut w = hexq_fsutil::HashedFile::create(&out.tmp)?;
+    w.write_all(&head).map_err(|e| Error::io(path, e))?;
+    let mut t = TensorWriter {
+        ck,
+        path,
+        w: &mut w,
+        written: 0,
+        obuf: Vec::new(),
+        fbuf: Vec::new(),
+        progress,
+    };
+    for p in &plan {
+        t.tensor(p)?;
+    }
+    let written = t.written;
+    let (end, sha) = w.finish()?;
+    debug_assert_eq!(end, head.len() as u64 + written);
+    out.commit()?;
+    Ok((plan, sha))
+}
+
+/// Header, key-values and tensor infos (offsets aligned to ALIGN), padded to the data section.
+fn header(kv: &[(String, Val)], plan: &[Plan]) -> Vec<u8> {
     let mut head = Vec::new();
     head.extend(b"GGUF");
     head.extend(GGUF_VERSION.to_le_bytes());
     head.extend((plan.len() as u64).to_le_bytes());
     head.extend((kv.len() as u64).to_le_bytes());
-    for (k, v) in &kv {
+    for (k, v) in kv {
         put_str(&mut head, k);
         v.write(&mut head);
     }
     let mut off = 0u64;
-    for p in &plan {
+    for p in plan {
         put_str(&mut head, &p.name);
         head.extend((p.ne.len() as u32).to_le_bytes());
         p.ne.iter().for_each(|d| head.extend(d.to_le_bytes()));
@@ -599,95 +626,85 @@ pub fn write_gguf(
     while head.len() as u64 % ALIGN != 0 {
         head.push(0);
     }
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp-{}",
-        path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id()
-    ));
-    let res = (|| -> Result<String> {
-        // Hashed as written, page cache bypassed (O_DIRECT; see HashedFile).
-        let mut w = hexq_fsutil::HashedFile::create(&tmp)?;
-        w.write_all(&head).map_err(|e| Error::io(&tmp, e))?;
-        let mut written = 0u64;
-        // Reused across chunks and tensors.
-        let (mut obuf, mut fbuf): (Vec<u8>, Vec<f32>) = (Vec::new(), Vec::new());
-        for p in &plan {
-            // Whole rows, ~64 MiB of source at a time, pages released behind: peak memory is a chunk, not
-            // the 4.7 GB per-layer embedding.
-            let name = p.hf.as_deref().unwrap_or(&p.name).to_string();
-            let row = p.ne[0] as usize;
-            let put = |w: &mut dyn Write,
-                       obuf: &mut Vec<u8>,
-                       v: &[f32],
-                       written: &mut u64|
-             -> Result<()> {
-                ggml::encode_into(p.ty, v, row, obuf)
-                    .map_err(|m| Error::Msg(format!("{name}: {m}")))?;
-                w.write_all(obuf).map_err(|e| Error::io(&tmp, e))?;
-                *written += obuf.len() as u64;
-                Ok(())
-            };
-            match &p.hf {
-                None => put(&mut w, &mut obuf, &values(ck, p)?, &mut written)?,
-                Some(hf) => {
-                    let info = ck.store.get(&format!("{}{hf}", ck.config.prefix)).unwrap();
-                    // pread into one buffer rather than faulting the mapping in page by page: the
-                    // per-layer embedding alone is a million 4 KiB faults.
-                    use std::os::unix::fs::FileExt;
-                    let file = ck.store.file_of(info);
-                    let fh = std::fs::File::open(file).map_err(|e| Error::io(file, e))?;
-                    let len = info.end - info.start;
-                    let row_b = row * info.dtype.size();
-                    let rows_per = ((64usize << 20) / row_b).max(1);
-                    let mut buf = vec![0u8; (rows_per * row_b).min(len)];
-                    let mut a = 0;
-                    while a < len {
-                        let b = (a + rows_per * row_b).min(len);
-                        let chunk = &mut buf[..b - a];
-                        fh.read_exact_at(chunk, (info.start + a) as u64)
-                            .map_err(|e| Error::tensor(file, hf, format!("reading: {e}")))?;
-                        // bf16 → bf16: the bytes are the answer (the f32 round trip is the identity for every
-                        // non-NaN value; NaN goes the long way, as the converter quiets it).
-                        if p.ty == ggml::GgmlType::BF16
-                            && info.dtype == hexq_model::weights::DType::BF16
-                            && !chunk
-                                .chunks_exact(2)
-                                .any(|h| (u16::from_le_bytes([h[0], h[1]]) & 0x7fff) > 0x7f80)
-                        {
-                            w.write_all(chunk).map_err(|e| Error::io(&tmp, e))?;
-                            written += chunk.len() as u64;
-                            progress((b - a) as u64);
-                            a = b;
-                            continue;
-                        }
-                        if p.ty.is_block() && info.dtype == hexq_model::weights::DType::BF16 {
-                            ggml::encode_bf16_into(p.ty, chunk, row, &mut obuf)
-                                .map_err(|m| Error::Msg(format!("{name}: {m}")))?;
-                            w.write_all(&obuf).map_err(|e| Error::io(&tmp, e))?;
-                            written += obuf.len() as u64;
-                            progress((b - a) as u64);
-                            a = b;
-                            continue;
-                        }
-                        hexq_model::weights::to_f32_into(chunk, info.dtype, &mut fbuf);
-                        put(&mut w, &mut obuf, &fbuf, &mut written)?;
-                        progress((b - a) as u64);
-                        a = b;
-                    }
-                }
-            }
-            let pad = written.div_ceil(ALIGN) * ALIGN - written;
-            w.write_all(&vec![0u8; pad as usize])
-                .map_err(|e| Error::io(&tmp, e))?;
-            written += pad;
-        }
-        let (end, sha) = w.finish()?;
-        debug_assert_eq!(end, head.len() as u64 + written);
-        std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
-        Ok(sha)
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    head
+}
+
+/// The data phase: each tensor converted chunk by chunk into reused buffers, then padded to ALIGN.
+struct TensorWriter<'a> {
+    ck: &'a Checkpoint,
+    /// The destination, named in errors (the temp file beside it is an implementation detail).
+    path: &'a Path,
+    w: &'a mut hexq_fsutil::HashedFile,
+    written: u64,
+    obuf: Vec<u8>,
+    fbuf: Vec<f32>,
+    progress: &'a (dyn Fn(u64) + Sync),
+}
+
+impl TensorWriter<'_> {
+    fn put(&mut self, b: &[u8]) -> Result<()> {
+        self.w.write_all(b).map_err(|e| Error::io(self.path, e))?;
+        self.written += b.len() as u64;
+        Ok(())
     }
-    res.map(|sha| (plan, sha))
+
+    /// `v` encoded as the planned type.
+    fn encode(&mut self, p: &Plan, v: &[f32]) -> Result<()> {
+        let mut obuf = std::mem::take(&mut self.obuf);
+        ggml::encode_into(p.ty, v, p.ne[0] as usize, &mut obuf).map_err(|m| self.bad(p, m))?;
+        let r = self.put(&obuf);
+        self.obuf = obuf;
+        r
+    }
+
+    fn bad(&self, p: &Plan, m: ggml::GgmlError) -> Error {
+        let name = p.hf.as_deref().unwrap_or(&p.name);
+        Error::tensor(&self.ck.dir, name, m.to_string())
+    }
+
+    /// Whole rows, ~64 MiB of source at a time: peak memory is a chunk, not the 4.7 GB per-layer embedding.
+    fn tensor(&mut self, p: &Plan) -> Result<()> {
+        match &p.hf {
+            None => self.encode(p, &values(self.ck, p)?)?,
+            Some(hf) => {
+                let ck = self.ck;
+                let info = ck
+                    .store
+                    .get(&format!("{}{hf}", ck.config.prefix))
+                    .expect("planned from the store");
+                ck.store
+                    .read_chunks(info, 64 << 20, |chunk| self.chunk(p, info.dtype, chunk))?;
+            }
+        }
+        let pad = self.written.div_ceil(ALIGN) * ALIGN - self.written;
+        self.put(&vec![0u8; pad as usize])
+    }
+
+    fn chunk(&mut self, p: &Plan, dt: hexq_model::weights::DType, chunk: &[u8]) -> Result<()> {
+        use hexq_model::weights::DType;
+        // bf16 → bf16: the bytes are the answer (the f32 round trip is the identity for every non-NaN value;
+        // NaN goes the long way, as the converter quiets it).
+        let nan = |c: &[u8]| {
+            c.chunks_exact(2)
+                .any(|h| (u16::from_le_bytes([h[0], h[1]]) & 0x7fff) > 0x7f80)
+        };
+        if p.ty == ggml::GgmlType::BF16 && dt == DType::BF16 && !nan(chunk) {
+            self.put(chunk)?;
+        } else if p.ty.is_block() && dt == DType::BF16 {
+            let mut obuf = std::mem::take(&mut self.obuf);
+            ggml::encode_bf16_into(p.ty, chunk, p.ne[0] as usize, &mut obuf)
+                .map_err(|m| self.bad(p, m))?;
+            let r = self.put(&obuf);
+            self.obuf = obuf;
+            r?;
+        } else {
+            let mut fbuf = std::mem::take(&mut self.fbuf);
+            hexq_model::weights::to_f32_into(chunk, dt, &mut fbuf);
+            let r = self.encode(p, &fbuf);
+            self.fbuf = fbuf;
+            r?;
+        }
+        (self.progress)(chunk.len() as u64);
+        Ok(())
+    }
 }

@@ -94,31 +94,57 @@ impl Drop for AtomicDir {
     }
 }
 
+/// A file being written at `.<name>.tmp-<pid>` beside `dest`; `commit` renames it to `dest`. Dropped
+/// uncommitted (an error, a panic), the temp file is removed.
+pub struct AtomicFile {
+    pub tmp: PathBuf,
+    pub dest: PathBuf,
+    done: bool,
+}
+
+impl AtomicFile {
+    pub fn new(dest: &Path) -> Self {
+        let parent = dest
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = dest
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+        AtomicFile {
+            tmp,
+            dest: dest.to_path_buf(),
+            done: false,
+        }
+    }
+    pub fn commit(mut self) -> Result<()> {
+        std::fs::rename(&self.tmp, &self.dest).map_err(|e| Error::io(&self.dest, e))?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
 /// Write a whole file atomically (temp file in the same directory, fsync, rename).
 pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let parent = dest
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = parent.join(format!(
-        ".{}.tmp-{}",
-        dest.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
+    let out = AtomicFile::new(dest);
     let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = std::fs::File::create(&out.tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, dest)
+        f.sync_all()
     })();
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(dest, e));
-    }
-    Ok(())
+    res.map_err(|e| Error::io(dest, e))?;
+    out.commit()
 }
 
 /// SHA256 of a file, streamed.
