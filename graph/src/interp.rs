@@ -210,28 +210,24 @@ fn i64s(t: &Tensor) -> candle_core::Result<Vec<i64>> {
     t.to_dtype(CD::I64)?.flatten_all()?.to_vec1::<i64>()
 }
 
+/// A possibly negative ONNX axis as an index.
+fn axis(a: i64, rank: usize) -> usize {
+    if a < 0 {
+        (a + rank as i64) as usize
+    } else {
+        a as usize
+    }
+}
+
+/// One op on candle tensors, with ONNX's semantics (shapes were checked by `infer` when the graph was built).
 fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
-    let dev = Device::Cpu;
     Ok(match op {
         Op::MatMul => x[0].broadcast_matmul(x[1])?,
         Op::Add => x[0].broadcast_add(x[1])?,
         Op::Sub => x[0].broadcast_sub(x[1])?,
         Op::Mul => x[0].broadcast_mul(x[1])?,
         Op::Div => x[0].broadcast_div(x[1])?,
-        Op::Pow => {
-            let a = bshape(x[0], out)?.flatten_all()?.to_vec1::<f32>()?;
-            let b = bshape(&x[1].to_dtype(CD::F32)?, out)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            Tensor::from_vec(
-                a.iter()
-                    .zip(&b)
-                    .map(|(p, q)| p.powf(*q))
-                    .collect::<Vec<_>>(),
-                out,
-                &dev,
-            )?
-        }
+        Op::Pow => pow(x, out)?,
         Op::Sqrt => x[0].sqrt()?,
         Op::Reciprocal => x[0].recip()?,
         Op::Neg => x[0].neg()?,
@@ -240,133 +236,33 @@ fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
         Op::Sigmoid => (x[0].neg()?.exp()? + 1.0)?.recip()?,
         Op::Cos => x[0].cos()?,
         Op::Sin => x[0].sin()?,
-        Op::Mod => {
-            let a = i64s(&bshape(x[0], out)?)?;
-            let b = i64s(&bshape(x[1], out)?)?;
-            Tensor::from_vec(
-                a.iter()
-                    .zip(&b)
-                    .map(|(p, q)| {
-                        p.rem_euclid(*q)
-                            + if *q < 0 && p.rem_euclid(*q) != 0 {
-                                *q
-                            } else {
-                                0
-                            }
-                    })
-                    .collect::<Vec<_>>(),
-                out,
-                &dev,
-            )?
-        }
+        Op::Mod => python_mod(x, out)?,
         Op::ReduceMean { axes, keepdims } => {
             let r = x[0].rank();
-            let mut t = x[0].clone();
-            let mut ax: Vec<usize> = axes
-                .iter()
-                .map(|&a| {
-                    if a < 0 {
-                        (a + r as i64) as usize
-                    } else {
-                        a as usize
-                    }
-                })
-                .collect();
+            let mut ax: Vec<usize> = axes.iter().map(|&a| axis(a, r)).collect();
             ax.sort();
+            let mut t = x[0].clone();
             for &a in ax.iter().rev() {
                 t = t.mean_keepdim(a)?;
             }
-            if !keepdims {
-                t.reshape(out)?
-            } else {
+            if *keepdims {
                 t
+            } else {
+                t.reshape(out)?
             }
         }
-        Op::Softmax { axis } => {
-            let a = if *axis < 0 {
-                (*axis + x[0].rank() as i64) as usize
-            } else {
-                *axis as usize
-            };
+        Op::Softmax { axis: a } => {
+            let a = axis(*a, x[0].rank());
             let m = x[0].max_keepdim(a)?;
             let ex = x[0].broadcast_sub(&m)?.exp()?;
             ex.broadcast_div(&ex.sum_keepdim(a)?)?
         }
         Op::Reshape { .. } | Op::Unsqueeze { .. } => x[0].reshape(out)?,
         Op::Transpose { perm } => x[0].permute(perm.as_slice())?.contiguous()?,
-        Op::Concat { axis } => {
-            let a = if *axis < 0 {
-                (*axis + x[0].rank() as i64) as usize
-            } else {
-                *axis as usize
-            };
-            Tensor::cat(x, a)?
-        }
-        Op::Slice { starts, ends, axes } => {
-            let mut t = x[0].clone();
-            for ((&st, &en), &ax) in starts.iter().zip(ends).zip(axes) {
-                let a = if ax < 0 {
-                    (ax + t.rank() as i64) as usize
-                } else {
-                    ax as usize
-                };
-                let d = t.dim(a)? as i64;
-                let cl = |v: i64| if v < 0 { (v + d).max(0) } else { v.min(d) };
-                let (s0, s1) = (cl(st), cl(en));
-                t = t.narrow(a, s0 as usize, (s1 - s0).max(0) as usize)?;
-            }
-            t.contiguous()?
-        }
-        Op::Gather { axis } => {
-            let a = if *axis < 0 {
-                (*axis + x[0].rank() as i64) as usize
-            } else {
-                *axis as usize
-            };
-            let d = x[0].dim(a)? as i64;
-            let idx: Vec<i64> = i64s(x[1])?
-                .into_iter()
-                .map(|i| if i < 0 { i + d } else { i })
-                .collect();
-            if let Some(bad) = idx.iter().find(|&&i| i < 0 || i >= d) {
-                candle_core::bail!("Gather index {bad} out of range for axis of {d}");
-            }
-            let it = Tensor::from_vec(idx, x[1].elem_count(), &dev)?;
-            x[0].index_select(&it, a)?.reshape(out)?
-        }
-        Op::ScatterND => {
-            let data = x[0].contiguous()?;
-            let shape = data.dims().to_vec();
-            let idx = i64s(x[1])?;
-            let k = *x[1].dims().last().unwrap();
-            let inner: usize = shape[k..].iter().product();
-            let is_f = data.dtype() == CD::F32;
-            let mut dv: Vec<f32> = if is_f {
-                data.flatten_all()?.to_vec1()?
-            } else {
-                i64s(&data)?.into_iter().map(|v| v as f32).collect()
-            };
-            let uv: Vec<f32> = x[2].to_dtype(CD::F32)?.flatten_all()?.to_vec1()?;
-            let strides: Vec<usize> = (0..k).map(|i| shape[i + 1..].iter().product()).collect();
-            for (r, ix) in idx.chunks(k).enumerate() {
-                let mut off = 0;
-                for (j, &v) in ix.iter().enumerate() {
-                    let dj = shape[j] as i64;
-                    let v = if v < 0 { v + dj } else { v };
-                    if v < 0 || v >= dj {
-                        candle_core::bail!("ScatterND index {v} out of range for dim {dj}");
-                    }
-                    off += v as usize * strides[j];
-                }
-                dv[off..off + inner].copy_from_slice(&uv[r * inner..(r + 1) * inner]);
-            }
-            let t = Tensor::from_vec(dv, shape.as_slice(), &dev)?;
-            if is_f {
-                t
-            } else {
-                t.to_dtype(CD::I64)?
-            }
-        }
+        Op::Concat { axis: a } => Tensor::cat(x, axis(*a, x[0].rank()))?,
+        Op::Slice { starts, ends, axes } => slice(x[0], starts, ends, axes)?,
+        Op::Gather { axis: a } => gather(x[0], x[1], axis(*a, x[0].rank()), out)?,
+        Op::ScatterND => scatter_nd(x[0], x[1], x[2])?,
         Op::Where => {
             let c = bshape(x[0], out)?;
             c.where_cond(&bshape(x[1], out)?, &bshape(x[2], out)?)?
@@ -381,4 +277,81 @@ fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
         },
         Op::Expand { .. } => x[0].broadcast_as(out)?.contiguous()?,
     })
+}
+
+fn pow(x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
+    let a = bshape(x[0], out)?.flatten_all()?.to_vec1::<f32>()?;
+    let b = bshape(&x[1].to_dtype(CD::F32)?, out)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let v: Vec<f32> = a.iter().zip(&b).map(|(p, q)| p.powf(*q)).collect();
+    Tensor::from_vec(v, out, &Device::Cpu)
+}
+
+/// ONNX Mod with fmod = 0: the result takes the divisor's sign (Python's `%`).
+fn python_mod(x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
+    let a = i64s(&bshape(x[0], out)?)?;
+    let b = i64s(&bshape(x[1], out)?)?;
+    let m = |p: i64, q: i64| p.rem_euclid(q) + if q < 0 && p.rem_euclid(q) != 0 { q } else { 0 };
+    let v: Vec<i64> = a.iter().zip(&b).map(|(p, q)| m(*p, *q)).collect();
+    Tensor::from_vec(v, out, &Device::Cpu)
+}
+
+fn slice(x: &Tensor, starts: &[i64], ends: &[i64], axes: &[i64]) -> candle_core::Result<Tensor> {
+    let mut t = x.clone();
+    for ((&st, &en), &ax) in starts.iter().zip(ends).zip(axes) {
+        let a = axis(ax, t.rank());
+        let d = t.dim(a)? as i64;
+        let cl = |v: i64| if v < 0 { (v + d).max(0) } else { v.min(d) };
+        let (s0, s1) = (cl(st), cl(en));
+        t = t.narrow(a, s0 as usize, (s1 - s0).max(0) as usize)?;
+    }
+    t.contiguous()
+}
+
+fn gather(x: &Tensor, idx: &Tensor, a: usize, out: &[usize]) -> candle_core::Result<Tensor> {
+    let d = x.dim(a)? as i64;
+    let ix: Vec<i64> = i64s(idx)?
+        .into_iter()
+        .map(|i| if i < 0 { i + d } else { i })
+        .collect();
+    if let Some(bad) = ix.iter().find(|&&i| i < 0 || i >= d) {
+        candle_core::bail!("Gather index {bad} out of range for axis of {d}");
+    }
+    let it = Tensor::from_vec(ix, idx.elem_count(), &Device::Cpu)?;
+    x.index_select(&it, a)?.reshape(out)
+}
+
+fn scatter_nd(data: &Tensor, indices: &Tensor, updates: &Tensor) -> candle_core::Result<Tensor> {
+    let data = data.contiguous()?;
+    let shape = data.dims().to_vec();
+    let idx = i64s(indices)?;
+    let k = *indices.dims().last().expect("rank >= 1, checked by infer");
+    let inner: usize = shape[k..].iter().product();
+    let is_f = data.dtype() == CD::F32;
+    let mut dv: Vec<f32> = if is_f {
+        data.flatten_all()?.to_vec1()?
+    } else {
+        i64s(&data)?.into_iter().map(|v| v as f32).collect()
+    };
+    let uv: Vec<f32> = updates.to_dtype(CD::F32)?.flatten_all()?.to_vec1()?;
+    let strides: Vec<usize> = (0..k).map(|i| shape[i + 1..].iter().product()).collect();
+    for (r, ix) in idx.chunks(k).enumerate() {
+        let mut off = 0;
+        for (j, &v) in ix.iter().enumerate() {
+            let dj = shape[j] as i64;
+            let v = if v < 0 { v + dj } else { v };
+            if v < 0 || v >= dj {
+                candle_core::bail!("ScatterND index {v} out of range for dim {dj}");
+            }
+            off += v as usize * strides[j];
+        }
+        dv[off..off + inner].copy_from_slice(&uv[r * inner..(r + 1) * inner]);
+    }
+    let t = Tensor::from_vec(dv, shape.as_slice(), &Device::Cpu)?;
+    if is_f {
+        Ok(t)
+    } else {
+        t.to_dtype(CD::I64)
+    }
 }
