@@ -2,6 +2,7 @@
 //! ([`build`]), and the CPU interpreter every transformation is checked with ([`interp`]).
 
 pub mod build;
+pub mod infer;
 pub mod interp;
 pub mod ir;
 pub mod report;
