@@ -382,7 +382,7 @@ fn dequantized_checkpoint(src: &Path, dst: &Path) {
         if let Some(hf) = name.strip_prefix(ck.config.prefix.as_str()) {
             if let Some(g) = gguf_name(hf) {
                 let ne: Vec<u64> = info.shape.iter().rev().map(|&d| d as u64).collect();
-                match tensor_type(FileType::Q4_0, &g, &ne, true, info.dtype).unwrap() {
+                match tensor_type(FileType::Q4_0, &g, &ne, true, info.dtype) {
                     GgmlType::Q4_0 => {
                         v = ggml::dequantize_q4_0(
                             &ggml::encode(GgmlType::Q4_0, &v, ne[0] as usize).unwrap(),

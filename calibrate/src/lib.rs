@@ -173,7 +173,7 @@ fn guard(msgs: &mut Vec<String>, force: bool, msg: String) -> Result<()> {
         msgs.push(msg);
         Ok(())
     } else {
-        Err(Error::Msg(format!(
+        Err(Error::Usage(format!(
             "{msg}; refusing to calibrate (pass --force to override)"
         )))
     }

@@ -271,7 +271,7 @@ pub fn ablate(
         for ids in seqs {
             hexq_runtime::Backend::reset(&mut b);
             let h = b.hidden(ids)?;
-            let l = h.iter().map(|x| b.logits(x)).collect::<hexq_model::Result<Vec<_>>>()?;
+            let l = h.iter().map(|x| b.logits(x)).collect::<hexq_runtime::Result<Vec<_>>>()?;
             hs.push(h);
             ls.push(l);
         }

@@ -121,7 +121,7 @@ pub fn backend(ck: &Arc<Checkpoint>, v: Variant, o: &GraphOptions) -> Result<Gra
     } else {
         v
     };
-    GraphBackend::for_model(ck, decode, v == Variant::Trunk, o)
+    Ok(GraphBackend::for_model(ck, decode, v == Variant::Trunk, o)?)
 }
 
 /// hexq's quantsim of graph `v`: params fake-quantized once, activations as they are produced.

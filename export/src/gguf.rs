@@ -159,12 +159,12 @@ pub fn tensor_type(
     ne: &[u64],
     pure: bool,
     src: hexq_model::weights::DType,
-) -> std::result::Result<GgmlType, String> {
+) -> GgmlType {
     if ne.len() < 2 {
-        return Ok(GgmlType::F32);
+        return GgmlType::F32;
     }
     let row_ok = ne[0] % 32 == 0;
-    Ok(match ft {
+    match ft {
         FileType::F32 => GgmlType::F32,
         FileType::F16 => GgmlType::F16,
         FileType::BF16 => GgmlType::BF16,
@@ -191,7 +191,7 @@ pub fn tensor_type(
                 GgmlType::Q4_0
             }
         }
-    })
+    }
 }
 
 fn title(s: &str) -> String {
@@ -399,7 +399,7 @@ pub fn plan(ck: &Checkpoint, ft: FileType, pure: bool) -> Result<Vec<Plan>> {
         let Some(g) = gguf_name(hf) else { continue };
         let info = ck.store.get(full_name).unwrap();
         let ne: Vec<u64> = info.shape.iter().rev().map(|&d| d as u64).collect();
-        let ty = tensor_type(ft, &g, &ne, pure, info.dtype).map_err(Error::Msg)?;
+        let ty = tensor_type(ft, &g, &ne, pure, info.dtype);
         out.push(Plan {
             name: g,
             hf: Some(hf.to_string()),

@@ -135,9 +135,8 @@ pub fn write_host_model(
             HostDType::Int4 => (format!("{stem}.int4"), "int4"),
         };
         if dt == HostDType::Int4 && cols % 2 == 1 {
-            return Err(Error::Msg(format!(
-                "{name}: int4 host storage needs an even row length, not {cols}"
-            )));
+            let m = format!("int4 host storage needs an even row length, not {cols}");
+            return Err(Error::tensor(ck.store.file_of(&info), name, m));
         }
         let mut out = Hashed::create(&dir.join(&file))?;
         let mut sc = match dt {

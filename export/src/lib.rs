@@ -271,14 +271,17 @@ fn write_json(p: &Path, v: &impl Serialize) -> Result<()> {
 pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Value> {
     let (v, int8kv) = (o.variant, o.variant.int8_kv());
     let g = build(&ck.config, v, &o.graph);
-    g.validate().map_err(|e| Error::Msg(e.to_string()))?;
+    g.validate().map_err(|e| Error::Graph {
+        graph: e.graph.clone(),
+        msg: format!("node {:?}: {}", e.node, e.msg),
+    })?;
     if int8kv && o.encodings.is_none() {
-        return Err(Error::Msg(
+        return Err(Error::Usage(
             "decode_wgqa_int8kv is a quantized build: pass --encodings from `hexq quantize --int8-kv`".into(),
         ));
     }
     if o.qdq && o.encodings.is_none() {
-        return Err(Error::Msg("--qdq needs --encodings".into()));
+        return Err(Error::Usage("--qdq needs --encodings".into()));
     }
     if let Some((p, e)) = &o.encodings {
         check_encodings(&g, e, int8kv, p)?;
@@ -307,7 +310,7 @@ pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Va
                 calibration: o.calibration,
             },
         );
-        let panicked = || Error::Msg("export worker panicked".into());
+        let panicked = || Error::Usage("an export worker thread panicked".into());
         (
             files,
             host.map(|h| h.join().unwrap_or_else(|_| Err(panicked()))),

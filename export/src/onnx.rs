@@ -197,7 +197,12 @@ pub fn onnx_qtype(e: &Encoding) -> Result<(i32, i64)> {
     let (signed, unsigned) = match e.bitwidth {
         1..=8 => (elem::INT8, elem::UINT8),
         9..=16 => (elem::INT16, elem::UINT16),
-        b => return Err(Error::Msg(format!("bitwidth {b} has no ONNX QDQ type"))),
+        b => {
+            return Err(Error::Encoding {
+                tensor: String::new(),
+                msg: format!("bitwidth {b} has no ONNX QDQ type"),
+            })
+        }
     };
     Ok(if e.is_symmetric {
         (signed, -e.offset - (1i64 << (e.bitwidth - 1)))
@@ -338,9 +343,10 @@ impl Emit<'_> {
         for x in e {
             let (el, zp) = onnx_qtype(x)?;
             if el != elem {
-                return Err(Error::Msg(format!(
-                    "{base}: channels with different storage types"
-                )));
+                return Err(Error::Encoding {
+                    tensor: base.to_string(),
+                    msg: "channels with different storage types".into(),
+                });
             }
             zps.push(zp);
         }
@@ -467,10 +473,10 @@ fn initializers(
             Some(e) => {
                 let c = e.len();
                 if c != 1 && Some(&c) != i.ty.shape.last() {
-                    return Err(Error::Msg(format!(
-                        "param {}: {c} channel encodings for shape {:?}",
-                        i.name, i.ty.shape
-                    )));
+                    return Err(Error::Encoding {
+                        tensor: i.name.clone(),
+                        msg: format!("{c} channel encodings for shape {:?}", i.ty.shape),
+                    });
                 }
                 b.q.clear();
                 b.q.extend(
@@ -517,11 +523,10 @@ fn quantized_param(
     } else {
         let c = *i.ty.shape.last().unwrap_or(&0);
         if c != e.len() {
-            return Err(Error::Msg(format!(
-                "param {}: {} channel encodings for {c} output channels",
-                i.name,
-                e.len()
-            )));
+            return Err(Error::Encoding {
+                tensor: i.name.clone(),
+                msg: format!("{} channel encodings for {c} output channels", e.len()),
+            });
         }
         values
             .iter()

@@ -2,7 +2,7 @@
 //! (an observer sees every tensor) and quantsim (a hook may replace any tensor, e.g. by its fake-quantized
 //! copy). Weights are fetched lazily from a [`WeightSource`] and cached per initializer.
 
-use crate::ir::{DType, Graph, InitSource, Op};
+use crate::ir::{DType, Graph, GraphError, InitSource, Op};
 use candle_core::{DType as CD, Device, Tensor};
 use hexq_model::checkpoint::Checkpoint;
 use hexq_model::error::{Error, Result};
@@ -47,13 +47,25 @@ pub struct Interpreter {
     frees: Vec<Vec<String>>,
 }
 
-fn e(node: &str, m: impl std::fmt::Display) -> Error {
-    Error::Msg(format!("interpreter: node {node:?}: {m}"))
+fn e(graph: &str, node: &str, m: impl std::fmt::Display) -> Error {
+    Error::Graph {
+        graph: graph.into(),
+        msg: format!("interpreter: node {node:?}: {m}"),
+    }
+}
+
+impl From<GraphError> for Error {
+    fn from(g: GraphError) -> Self {
+        Error::Graph {
+            graph: g.graph.clone(),
+            msg: format!("node {:?}: {}", g.node, g.msg),
+        }
+    }
 }
 
 impl Interpreter {
     pub fn new(graph: Graph, src: Arc<dyn WeightSource>) -> Result<Self> {
-        graph.validate().map_err(|g| Error::Msg(g.to_string()))?;
+        graph.validate()?;
         let mut last: HashMap<&str, usize> = HashMap::new();
         for (k, n) in graph.nodes.iter().enumerate() {
             for i in &n.inputs {
@@ -155,17 +167,20 @@ impl Interpreter {
         let g = &self.graph;
         let mut vals: HashMap<String, Tensor> = HashMap::new();
         for vi in &g.inputs {
-            let t = inputs.get(&vi.name).ok_or_else(|| {
-                Error::Msg(format!("graph {}: missing input {:?}", g.name, vi.name))
+            let t = inputs.get(&vi.name).ok_or_else(|| Error::Graph {
+                graph: g.name.clone(),
+                msg: format!("missing input {:?}", vi.name),
             })?;
             if t.dims() != vi.ty.shape.as_slice() {
-                return Err(Error::Msg(format!(
-                    "graph {}: input {:?} has shape {:?}, contract says {:?}",
-                    g.name,
-                    vi.name,
-                    t.dims(),
-                    vi.ty.shape
-                )));
+                return Err(Error::Graph {
+                    graph: g.name.clone(),
+                    msg: format!(
+                        "input {:?} has shape {:?}, contract says {:?}",
+                        vi.name,
+                        t.dims(),
+                        vi.ty.shape
+                    ),
+                });
             }
             let want = if vi.ty.dtype.is_float() {
                 CD::F32
@@ -184,7 +199,7 @@ impl Interpreter {
         for (k, n) in g.nodes.iter().enumerate() {
             let ins: Vec<&Tensor> = n.inputs.iter().map(|i| &vals[i]).collect();
             let out_ty = &g.types[&n.outputs[0]];
-            let t = eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&n.name, m))?;
+            let t = eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))?;
             let t = hook.tensor(&n.outputs[0], &t).unwrap_or(t);
             vals.insert(n.outputs[0].clone(), t);
             for f in &self.frees[k] {

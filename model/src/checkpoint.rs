@@ -63,12 +63,7 @@ impl Checkpoint {
             .iter()
             .find(|(s, _)| s.name == name)
             .map(|(_, i)| i)
-            .ok_or_else(|| {
-                Error::Msg(format!(
-                    "{}: decoder has no tensor {name:?}",
-                    self.dir.display()
-                ))
-            })
+            .ok_or_else(|| Error::tensor(&self.dir, name, "the decoder has no such tensor"))
     }
 
     pub fn f32(&self, name: &str) -> Result<Vec<f32>> {

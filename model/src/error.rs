@@ -1,4 +1,6 @@
-//! One error type for the model crate: every variant says which file, tensor or config field is at fault.
+//! The error the pipeline stages share: every variant says which file, tensor, config field, graph node or
+//! option is at fault. Stages with their own failure modes have their own type (`hexq_runtime::Error`,
+//! `hexq_graph::ir::GraphError`, `hexq_quantize::ggml::GgmlError`, `hexq_fsutil::Error`) and convert into it.
 
 use std::path::{Path, PathBuf};
 
@@ -25,8 +27,25 @@ pub enum Error {
     },
     #[error("tokenizer {path}: {msg}")]
     Tokenizer { path: PathBuf, msg: String },
+    /// A token id outside a vocabulary.
+    #[error("token id {id} out of range ({field} {limit})")]
+    Token {
+        id: u32,
+        field: &'static str,
+        limit: usize,
+    },
+    /// A graph that does not check, or a node that fails to evaluate.
+    #[error("graph {graph}: {msg}")]
+    Graph { graph: String, msg: String },
+    /// An encoding (quantization parameters) that does not fit its tensor.
+    #[error("encodings: tensor {tensor:?}: {msg}")]
+    Encoding { tensor: String, msg: String },
+    /// Options that do not go together, or a guard's refusal (with how to override it).
     #[error("{0}")]
-    Msg(String),
+    Usage(String),
+    /// A later stage's own error type (a backend, a worker thread).
+    #[error(transparent)]
+    Stage(Box<dyn std::error::Error + Send + Sync>),
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
     #[error(transparent)]

@@ -93,10 +93,11 @@ impl Host {
 
     fn check_ids(&self, ids: &[u32]) -> Result<()> {
         if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.cfg.vocab_size) {
-            return Err(crate::Error::Msg(format!(
-                "token id {bad} out of range (vocab_size {})",
-                self.cfg.vocab_size
-            )));
+            return Err(crate::Error::Token {
+                id: bad,
+                field: "vocab_size",
+                limit: self.cfg.vocab_size,
+            });
         }
         Ok(())
     }
@@ -131,10 +132,11 @@ impl Host {
         for &id in ids {
             let id = id as usize;
             if id >= self.cfg.ple_vocab {
-                return Err(crate::Error::Msg(format!(
-                    "token id {id} out of range (vocab_size_per_layer_input {})",
-                    self.cfg.ple_vocab
-                )));
+                return Err(crate::Error::Token {
+                    id: id as u32,
+                    field: "vocab_size_per_layer_input",
+                    limit: self.cfg.ple_vocab,
+                });
             }
             out.extend(
                 self.ckpt
@@ -343,7 +345,7 @@ impl Model {
                 Some(((proj + tok)? * 2f64.powf(-0.5))?)
             }
             (Some(_), None) => {
-                return Err(crate::Error::Msg(
+                return Err(crate::Error::Usage(
                     "model has per-layer embeddings: trunk needs ple_tok".into(),
                 ))
             }

@@ -85,7 +85,7 @@ pub fn tokenizer_files(vocab: usize) -> Result<Vec<(&'static str, String)>> {
     let v = tj["model"]["vocab"].as_object_mut().expect("BPE vocab");
     let have = v.len();
     if vocab < have {
-        return Err(Error::Msg(format!(
+        return Err(Error::Usage(format!(
             "synth: vocab_size {vocab} is smaller than the bundled tokenizer's {have} pieces (it holds the Gemma-4 special ids up to 4368)"
         )));
     }

@@ -368,10 +368,10 @@ pub fn param_encodings(
                 InitSource::I64(_) => unreachable!(),
             };
             if let Some(bad) = vals.iter().find(|v| !v.is_finite()) {
-                return Err(Error::Msg(format!(
-                    "initializer {}: non-finite value {bad}",
-                    i.name
-                )));
+                return Err(Error::Encoding {
+                    tensor: i.name.clone(),
+                    msg: format!("non-finite value {bad} in the weights"),
+                });
             }
             let rule = ov.find(Kind::Param, &i.name);
             if matmul_weights.contains(i.name.as_str()) {
@@ -536,9 +536,14 @@ pub fn encode(
     ov: &Overrides,
 ) -> Result<Encodings> {
     if stats.graph_sha256 != graph.content_hash() {
-        return Err(Error::Msg(format!(
-            "stats were calibrated on graph {} (variant {}), not on this {} graph: re-run hexq calibrate",
-            &stats.graph_sha256[..12], stats.variant, graph.name)));
+        return Err(Error::Graph {
+            graph: graph.name.clone(),
+            msg: format!(
+                "the stats were calibrated on graph {} (variant {}), not on this one: re-run hexq calibrate",
+                stats.graph_sha256.get(..12).unwrap_or(&stats.graph_sha256),
+                stats.variant
+            ),
+        });
     }
     let mut enc = Encodings {
         version: "0.6.1".into(),
@@ -559,10 +564,10 @@ pub fn encode(
     //   (HTP needs equal input/output encodings on those ops), at the group output's bitwidth;
     // - everything else: its own range.
     let range = |n: &str| -> Result<(f64, f64)> {
-        let r = stats
-            .tensors
-            .get(n)
-            .ok_or_else(|| Error::Msg(format!("stats have no range for graph tensor {n:?}")))?;
+        let r = stats.tensors.get(n).ok_or_else(|| Error::Encoding {
+            tensor: n.to_string(),
+            msg: "the stats have no range for this graph tensor".into(),
+        })?;
         Ok((r.min as f64, r.max as f64))
     };
     let mut group_range: BTreeMap<&str, (f64, f64)> = BTreeMap::new();

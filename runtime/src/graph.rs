@@ -2,13 +2,13 @@
 //! out, KV buffers carried from `present_*` to `past_*` between calls; prompts through `trunk` in SEQ-token
 //! chunks when a trunk graph is given, then one token per call through the decode graph.
 
+use crate::Error;
 use crate::{Backend, Result};
 use candle_core::{DType as CD, Device, Tensor};
 use hexq_graph::build::{past_key, past_value, present_key, present_value};
 use hexq_graph::interp::{Hook, Interpreter, NoHook};
 use hexq_graph::Graph;
 use hexq_model::forward::{to_rows, Host};
-use hexq_model::Error;
 use std::collections::HashMap;
 
 /// A generator of N embedding values (replacing the token lookup).
@@ -50,7 +50,7 @@ impl GraphBackend {
             {
                 let d = decode.graph.inputs.iter().find(|x| x.name == vi.name);
                 if d.map(|d| &d.ty) != Some(&vi.ty) {
-                    return Err(Error::Msg(format!(
+                    return Err(Error::Artifacts(format!(
                         "trunk input {} does not match the decode graph's KV layout",
                         vi.name
                     )));
@@ -173,8 +173,8 @@ impl GraphBackend {
 
     fn check_room(&self, n: usize) -> Result<()> {
         if self.pos + n > self.context {
-            return Err(Error::Msg(format!(
-                "context full: position {} + {n} tokens exceeds --context {}",
+            return Err(Error::ContextFull(format!(
+                " position {} + {n} tokens exceeds --context {}",
                 self.pos, self.context
             )));
         }

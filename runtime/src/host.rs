@@ -3,11 +3,12 @@
 //! + `30·tanh(x/30)` softcap, the tokenizer and config. Every backend that runs exported artifacts (ort,
 //! qnn) uses it; files are checked against the sidecar's byte lengths before use.
 
+use crate::Error;
 use crate::Result;
 use candle_core::{Device, Tensor};
 use half::{bf16, f16};
 use hexq_model::hostmodel::{HostModel, HostTensor, SIDECAR};
-use hexq_model::{Error, ModelConfig};
+use hexq_model::ModelConfig;
 use memmap2::Mmap;
 use std::path::{Path, PathBuf};
 
@@ -188,10 +189,12 @@ impl HostFiles {
 
     fn check(&self, id: u32) -> Result<()> {
         if id as usize >= self.embed.rows {
-            return Err(Error::Msg(format!(
-                "token id {id} out of range (vocab_size {})",
-                self.embed.rows
-            )));
+            return Err(hexq_model::Error::Token {
+                id,
+                field: "vocab_size",
+                limit: self.embed.rows,
+            }
+            .into());
         }
         Ok(())
     }

@@ -6,6 +6,7 @@
 //! host side from host-model/), `qnn` (the compiled context binary on QNN HTP through onnxruntime-qnn;
 //! the simulator on x86-64), `llama` (a GGUF in llama.cpp).
 
+pub mod error;
 pub mod graph;
 pub mod host;
 pub mod llama;
@@ -17,7 +18,7 @@ use hexq_model::{KvCache, Model};
 use serde::Serialize;
 use std::time::Instant;
 
-pub type Result<T> = std::result::Result<T, hexq_model::Error>;
+pub use error::{Error, Result};
 
 pub trait Backend {
     fn name(&self) -> &str;
@@ -74,7 +75,7 @@ pub trait Hidden {
     fn logits_of(&self, h: &[f32]) -> Result<Vec<f32>>;
     /// Replace the token embeddings by a generator's values (calibration's noise demonstration).
     fn set_noise(&mut self, _f: Option<graph::Noise>) -> Result<()> {
-        Err(hexq_model::Error::Msg(
+        Err(Error::Unsupported(
             "this backend takes token embeddings only from host-model/".into(),
         ))
     }
@@ -136,7 +137,7 @@ pub fn generate_ids(
     max_tokens: usize,
 ) -> Result<(Vec<u32>, String, f64, f64)> {
     if let Some(c) = b.capacity().filter(|&c| prompt_ids.len() > c) {
-        return Err(hexq_model::Error::Msg(format!(
+        return Err(Error::ContextFull(format!(
             "the prompt has {} tokens; the {} graph holds {c} positions (export with a larger --context)",
             prompt_ids.len(),
             b.name()

@@ -3,8 +3,8 @@
 //! shim (`llama/shim.c`) is compiled against it at first use and loaded with dlopen — no link-time dependency,
 //! and no llama.cpp struct layouts mirrored in Rust. The softcap is inside llama.cpp's gemma4 graph.
 
+use crate::Error;
 use crate::{Backend, Result};
-use hexq_model::Error;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::{Path, PathBuf};
 
@@ -30,7 +30,11 @@ pub struct LlamaBackend {
 /// The llama.cpp build directory: `$LLAMA_CPP_BUILD` (with bin/libllama.so or lib/libllama.so).
 pub fn llama_build() -> Result<PathBuf> {
     let d = std::env::var("LLAMA_CPP_BUILD").map_err(|_| {
-        Error::Msg("--backend llama needs LLAMA_CPP_BUILD = a llama.cpp build directory (bin/libllama.so; .ci/run builds one)".into())
+        Error::Missing {
+            tool: "llama.cpp",
+            hint: "set LLAMA_CPP_BUILD to a llama.cpp build directory (bin/libllama.so; .ci/run builds one)",
+            detail: "LLAMA_CPP_BUILD is not set".into(),
+        }
     })?;
     Ok(PathBuf::from(d))
 }
@@ -88,10 +92,10 @@ fn shim(build: &Path) -> Result<PathBuf> {
         .arg(format!("-Wl,-rpath,{}", libdir.display()))
         .arg("-lllama")
         .output()
-        .map_err(|e| Error::Msg(format!("compiling the llama.cpp shim: {e}")))?;
+        .map_err(|e| Error::Llama(format!("compiling the shim: {e}")))?;
     if !o.status.success() {
-        return Err(Error::Msg(format!(
-            "compiling the llama.cpp shim failed:\n{}",
+        return Err(Error::Llama(format!(
+            "compiling the shim failed:\n{}",
             String::from_utf8_lossy(&o.stderr)
         )));
     }
@@ -107,19 +111,19 @@ impl LlamaBackend {
             let lib = libloading::Library::new(&so).map_err(|e| Error::file(&so, e.to_string()))?;
             let load: Load = *lib
                 .get::<Load>(b"hq_load")
-                .map_err(|e| Error::Msg(e.to_string()))?;
+                .map_err(|e| Error::Llama(e.to_string()))?;
             let nv: NVocab = *lib
                 .get::<NVocab>(b"hq_n_vocab")
-                .map_err(|e| Error::Msg(e.to_string()))?;
+                .map_err(|e| Error::Llama(e.to_string()))?;
             let eval: Eval = *lib
                 .get::<Eval>(b"hq_eval")
-                .map_err(|e| Error::Msg(e.to_string()))?;
+                .map_err(|e| Error::Llama(e.to_string()))?;
             let reset: Reset = *lib
                 .get::<Reset>(b"hq_reset")
-                .map_err(|e| Error::Msg(e.to_string()))?;
+                .map_err(|e| Error::Llama(e.to_string()))?;
             let free: Free = *lib
                 .get::<Free>(b"hq_free")
-                .map_err(|e| Error::Msg(e.to_string()))?;
+                .map_err(|e| Error::Llama(e.to_string()))?;
             let p = CString::new(gguf.to_string_lossy().as_bytes()).unwrap();
             let h = load(p.as_ptr(), n_ctx as c_int, threads as c_int);
             if h.is_null() {
@@ -161,8 +165,8 @@ impl Backend for LlamaBackend {
     }
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         if self.pos + ids.len() > self.n_ctx {
-            return Err(Error::Msg(format!(
-                "context full: {} + {} > {}",
+            return Err(Error::ContextFull(format!(
+                " {} + {} > {}",
                 self.pos,
                 ids.len(),
                 self.n_ctx
@@ -174,7 +178,7 @@ impl Backend for LlamaBackend {
         let r =
             unsafe { (self.eval)(self.h, toks.as_ptr(), toks.len() as c_int, out.as_mut_ptr()) };
         if r != 0 {
-            return Err(Error::Msg(format!("llama_decode returned {r}")));
+            return Err(Error::Llama(format!("llama_decode returned {r}")));
         }
         self.pos += ids.len();
         Ok(out)

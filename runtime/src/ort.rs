@@ -9,15 +9,18 @@
 //! allocation and no copy through host vectors. Prompts go through `trunk` in SEQ-token chunks when one is given.
 
 use crate::host::HostFiles;
+use crate::Error;
 use crate::{Backend, Result};
-use hexq_model::Error;
 use ort::session::Session;
 use ort::value::{DynValue, Tensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 fn oe(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Msg(format!("onnxruntime: {what}: {e}"))
+    Error::Ort {
+        what: what.into(),
+        msg: e.to_string(),
+    }
 }
 
 /// libonnxruntime.so: `$ORT_DYLIB_PATH`, else the one inside the `onnxruntime` Python package.
@@ -28,15 +31,21 @@ pub fn find_onnxruntime() -> Result<PathBuf> {
     let o = std::process::Command::new("python3")
         .args(["-c", "import onnxruntime, os, glob; d = os.path.join(os.path.dirname(onnxruntime.__file__), 'capi'); print(sorted(glob.glob(os.path.join(d, 'libonnxruntime.so*')))[0])"])
         .output()
-        .map_err(|e| Error::Msg(format!("looking for onnxruntime with python3: {e}")))?;
+        .map_err(|e| Error::Missing {
+            tool: "libonnxruntime.so",
+            hint: "set ORT_DYLIB_PATH or `pip install onnxruntime`",
+            detail: format!("running python3: {e}"),
+        })?;
     if !o.status.success() {
-        return Err(Error::Msg(format!(
-            "libonnxruntime.so not found: set ORT_DYLIB_PATH or `pip install onnxruntime` ({})",
-            String::from_utf8_lossy(&o.stderr)
+        return Err(Error::Missing {
+            tool: "libonnxruntime.so",
+            hint: "set ORT_DYLIB_PATH or `pip install onnxruntime`",
+            detail: String::from_utf8_lossy(&o.stderr)
                 .lines()
                 .last()
                 .unwrap_or("")
-        )));
+                .into(),
+        });
     }
     Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
 }
@@ -83,7 +92,7 @@ pub fn init() -> Result<&'static ort::environment::Environment> {
         Ok(env)
     })
     .as_ref()
-    .map_err(|e| Error::Msg(e.clone()))
+    .map_err(|e| Error::Unsupported(e.clone()))
 }
 
 /// Where a graph runs.
@@ -118,14 +127,23 @@ pub fn find_qnn() -> Result<QnnLibs> {
     let o = std::process::Command::new("python3")
         .args(["-c", "import onnxruntime_qnn as q; print(q.EP_NAME); print(q.get_library_path()); print(q.get_qnn_htp_path())"])
         .output()
-        .map_err(|e| Error::Msg(format!("looking for onnxruntime-qnn with python3: {e}")))?;
+        .map_err(|e| Error::Missing {
+            tool: "the QNN HTP backend",
+            hint: "`pip install onnxruntime-qnn` (or set HEXQ_QNN_EP_LIB and HEXQ_QNN_BACKEND)",
+            detail: format!("running python3: {e}"),
+        })?;
     let out = String::from_utf8_lossy(&o.stdout).to_string();
     let l: Vec<&str> = out.lines().collect();
     if !o.status.success() || l.len() != 3 {
-        return Err(Error::Msg(format!(
-            "QNN HTP backend not found: `pip install onnxruntime-qnn` (or set HEXQ_QNN_EP_LIB and HEXQ_QNN_BACKEND) ({})",
-            String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
-        )));
+        return Err(Error::Missing {
+            tool: "the QNN HTP backend",
+            hint: "`pip install onnxruntime-qnn` (or set HEXQ_QNN_EP_LIB and HEXQ_QNN_BACKEND)",
+            detail: String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+                .into(),
+        });
     }
     Ok(QnnLibs {
         ep_name: l[0].into(),
@@ -146,7 +164,7 @@ fn qnn() -> Result<&'static QnnLibs> {
         Ok(q)
     })
     .as_ref()
-    .map_err(|e| Error::Msg(e.clone()))
+    .map_err(|e| Error::Unsupported(e.clone()))
 }
 
 /// The HTP arch number of a target name ("v79" → 79).
@@ -156,7 +174,7 @@ pub fn htp_arch(target: &str) -> Result<u32> {
         .and_then(|n| n.parse().ok())
         .filter(|n| [73, 75, 79, 81].contains(n))
         .ok_or_else(|| {
-            Error::Msg(format!(
+            Error::Unsupported(format!(
                 "unknown HTP target {target:?} (v73, v75, v79, v81)"
             ))
         })
@@ -196,7 +214,7 @@ impl Graph {
                 .take(1)
                 .collect();
             if devs.is_empty() {
-                return Err(Error::Msg(format!(
+                return Err(Error::Unsupported(format!(
                     "no {} device after registering {}",
                     q.ep_name,
                     q.ep_lib.display()
@@ -361,12 +379,11 @@ impl OrtBackend {
             }
         }
         if decode.is_none() && trunk.is_none() {
-            return Err(Error::Msg(
-                "no decode or trunk export among --artifacts".into(),
+            return Err(Error::Artifacts(
+                "no decode or trunk export among them".into(),
             ));
         }
-        let host =
-            host.ok_or_else(|| Error::Msg("no host-model/ in the --artifacts directories".into()))?;
+        let host = host.ok_or_else(|| Error::Artifacts("no host-model/ in them".into()))?;
         let kvg: &Graph = decode.as_ref().or(trunk.as_ref()).unwrap();
         let context = kvg
             .inputs
@@ -503,7 +520,7 @@ impl OrtBackend {
                         .tensor_shape()
                         .map(|s| s.iter().copied().collect())
                 })
-                .ok_or_else(|| Error::Msg(format!("{}: no hidden_states output", g.name)))?;
+                .ok_or_else(|| Error::Artifacts(format!("{}: no hidden_states output", g.name)))?;
             let t = Tensor::<f32>::new(
                 &ort::memory::Allocator::default(),
                 shape.iter().map(|&d| d.max(1) as usize).collect::<Vec<_>>(),
@@ -568,7 +585,7 @@ impl OrtBackend {
     /// One token through the decode graph; returns the final hidden state [H].
     pub fn step(&mut self, id: u32) -> Result<Vec<f32>> {
         if self.pos + 1 > self.context {
-            return Err(Error::Msg(format!("context full at position {}", self.pos)));
+            return Err(Error::ContextFull(format!("at position {}", self.pos)));
         }
         if self.decode.is_none() {
             return Ok(self.chunk(&[id])?.pop().unwrap());
@@ -591,7 +608,7 @@ impl OrtBackend {
             .unwrap()
             .1[1];
         if self.pos + ids.len() > self.context {
-            return Err(Error::Msg(format!("context full at position {}", self.pos)));
+            return Err(Error::ContextFull(format!("at position {}", self.pos)));
         }
         let ins = self.inputs(ids, seq, true)?;
         let h = self.run(true, ins)?;
