@@ -295,8 +295,7 @@ impl ModelConfig {
         };
         let t = fl.parse(&tc)?;
         refuse_unsupported(&fl, &t)?;
-        let (hidden_size, num_layers) = check_dims(&fl, &t)?;
-        let intermediate_size = fl.required(t.intermediate_size, "intermediate_size")?;
+        let (hidden_size, intermediate_size, num_layers) = check_dims(&fl, &t)?;
         let kinds = layer_kinds(&fl, &t, num_layers)?;
         let (layer_hd, layer_kvh) = layer_heads(&fl, &t, &kinds)?;
         let rope = rope_specs(&fl, &t, &kinds, &layer_hd)?;
@@ -438,9 +437,10 @@ fn refuse_unsupported(fl: &Fields, t: &TextFields) -> Result<()> {
     Ok(())
 }
 
-/// (hidden_size, num_hidden_layers), each dimension positive and the heads consistent.
-fn check_dims(fl: &Fields, t: &TextFields) -> Result<(usize, usize)> {
+/// (hidden_size, intermediate_size, num_hidden_layers), each dimension positive and the heads consistent.
+fn check_dims(fl: &Fields, t: &TextFields) -> Result<(usize, usize, usize)> {
     let hidden = fl.required(t.hidden_size, "hidden_size")?;
+    let inter = fl.required(t.intermediate_size, "intermediate_size")?;
     let layers = fl.required(t.num_hidden_layers, "num_hidden_layers")?;
     for (field, v) in [
         ("num_hidden_layers", layers),
@@ -467,7 +467,7 @@ fn check_dims(fl: &Fields, t: &TextFields) -> Result<(usize, usize)> {
             format!("{n} >= num_hidden_layers {layers}"),
         ));
     }
-    Ok((hidden, layers))
+    Ok((hidden, inter, layers))
 }
 
 /// layer_types: default 5 sliding : 1 full; the last layer is forced full (as transformers does).
