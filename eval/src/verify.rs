@@ -88,6 +88,24 @@ pub struct Report {
     pub per_prompt: Vec<PromptResult>,
 }
 
+/// A held-out record's ids (chat template, or raw text), cut to leave room for `steps` decode steps.
+fn prompt_ids(tok: &Tokenizer, r: &Record, context: usize, steps: usize) -> Result<Vec<u32>> {
+    let ids = match (&r.messages, &r.text) {
+        (Some(m), _) => tok.encode_chat(m)?,
+        (None, Some(t)) => tok.encode(t)?,
+        (None, None) => {
+            return Err(hexq_model::Error::Usage(format!(
+                "record {}: no messages or text",
+                r.id
+            )))
+        }
+    };
+    Ok(ids
+        .into_iter()
+        .take(context.saturating_sub(steps + 1).max(1))
+        .collect())
+}
+
 /// Cosine similarity in f64.
 pub fn cos(a: &[f32], b: &[f32]) -> f64 {
     let (mut d, mut na, mut nb) = (0f64, 0f64, 0f64);
@@ -160,15 +178,7 @@ pub fn verify(
     pb.set_length(recs.len() as u64);
     let mut per = Vec::new();
     for r in recs {
-        let ids = match &r.messages {
-            Some(m) => tok.encode_chat(m)?,
-            None => tok.encode(r.text.as_deref().unwrap())?,
-        };
-        // Leave room for the decode steps inside the context.
-        let ids: Vec<u32> = ids
-            .into_iter()
-            .take(o.context.saturating_sub(steps + 1).max(1))
-            .collect();
+        let ids = prompt_ids(tok, r, o.context, steps)?;
         hexq_runtime::Backend::reset(&mut f);
         hexq_runtime::Backend::reset(&mut q);
         let hf = f.hidden(&ids)?.pop().unwrap();
@@ -258,14 +268,7 @@ pub fn compare_many(
     let mut per: Vec<Vec<PromptResult>> = vec![Vec::new(); refs.len()];
     pb.set_length(recs.len() as u64);
     for r in recs {
-        let ids = match &r.messages {
-            Some(m) => tok.encode_chat(m)?,
-            None => tok.encode(r.text.as_deref().unwrap())?,
-        };
-        let ids: Vec<u32> = ids
-            .into_iter()
-            .take(context.saturating_sub(steps + 1).max(1))
-            .collect();
+        let ids = prompt_ids(tok, r, context, steps)?;
         cand.reset_all();
         let hq = cand.hidden_all(&ids)?.pop().unwrap();
         let mut lq = cand.logits_of(&hq)?;

@@ -81,6 +81,19 @@ pub trait Hidden {
     }
 }
 
+/// `feed` for a [`Hidden`] backend: several ids through its trunk when it has one (chunked prefill), else
+/// one decode step each; the last position's hidden state.
+fn last_hidden(b: &mut impl Hidden, ids: &[u32], trunk: bool) -> Result<Vec<f32>> {
+    if ids.len() > 1 && trunk {
+        return Ok(b.hidden_all(ids)?.pop().unwrap_or_default());
+    }
+    let mut last = vec![];
+    for &id in ids {
+        last = b.step_one(id)?;
+    }
+    Ok(last)
+}
+
 impl Hidden for graph::GraphBackend {
     fn reset_all(&mut self) {
         Backend::reset(self)

@@ -675,15 +675,8 @@ impl Backend for OrtBackend {
         Some(v)
     }
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        let h = if ids.len() > 1 && self.trunk.is_some() {
-            self.hidden(ids)?.pop().unwrap()
-        } else {
-            let mut last = vec![];
-            for &id in ids {
-                last = self.step(id)?;
-            }
-            last
-        };
+        let trunk = self.trunk.is_some();
+        let h = crate::last_hidden(self, ids, trunk)?;
         self.last_hidden = h.clone();
         self.host.logits(&h)
     }
