@@ -458,7 +458,7 @@ fn initializers(
             InitSource::F32(v) => v,
             InitSource::Weight { tensor, transpose } => {
                 let info = ck.info(tensor)?;
-                hexq_model::weights::to_f32_into(ck.store.bytes(info), info.dtype, &mut b.f);
+                ck.f32_into(info, &mut b.f);
                 ck.store.release(info);
                 src_bytes = (info.end - info.start) as u64;
                 if *transpose {

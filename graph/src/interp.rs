@@ -18,7 +18,7 @@ impl WeightSource for Checkpoint {
     fn weight(&self, name: &str) -> Result<Tensor> {
         let info = self.info(name)?;
         Ok(Tensor::from_vec(
-            self.store.to_f32(info),
+            self.f32(name)?,
             info.shape.as_slice(),
             &Device::Cpu,
         )?)

@@ -66,8 +66,21 @@ impl Checkpoint {
             .ok_or_else(|| Error::tensor(&self.dir, name, "the decoder has no such tensor"))
     }
 
+    /// A decoder tensor as f32 in Gemma-4's form ([`crate::names::fold`]): the one way stages read weights.
     pub fn f32(&self, name: &str) -> Result<Vec<f32>> {
-        Ok(self.store.to_f32(self.info(name)?))
+        let mut v = Vec::new();
+        self.f32_into(self.info(name)?, &mut v);
+        Ok(v)
+    }
+
+    /// [`Self::f32`] of a tensor into a reused buffer (streaming writers).
+    pub fn f32_into(&self, info: &TensorInfo, out: &mut Vec<f32>) {
+        crate::weights::to_f32_into(self.store.bytes(info), info.dtype, out);
+        let rel = info
+            .name
+            .strip_prefix(self.config.prefix.as_str())
+            .unwrap_or(&info.name);
+        crate::names::fold(&self.config, rel).apply(out);
     }
 
     /// Tokenizer file, if the checkpoint has one.

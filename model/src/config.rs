@@ -1,5 +1,6 @@
-//! Gemma-4 text config: the raw `config.json` fields (as transformers 5.23 writes them) and the per-layer
-//! facts derived from them, the way `Gemma4TextConfig.__post_init__` / `kv_sharing_modes` derive them.
+//! Gemma text configs — Gemma-4 and Gemma-3 — the raw `config.json` fields (as transformers 5.23/5.24 write
+//! them) and the per-layer facts derived from them, the way `Gemma4TextConfig.__post_init__` /
+//! `kv_sharing_modes` and `Gemma3TextConfig` derive them.
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -89,18 +90,50 @@ impl LayerSpec {
     }
 }
 
+/// The text-decoder family. Gemma-3 differs from Gemma-4 in three places that matter to hexq: RMSNorm
+/// scales by (1 + w), attention scores are scaled by query_pre_attn_scalar^-½, and there is no v_norm; it has
+/// no per-layer embeddings, KV sharing or layer scalars either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arch {
+    Gemma4,
+    Gemma3,
+}
+
+/// An affine fold applied to a checkpoint tensor as it is read as f32: `(w + add) · mul`. Gemma-3's norms
+/// read as 1 + w, its q_norm as (1 + w) · query_pre_attn_scalar^-½, so every later stage sees Gemma-4's
+/// plain-w form and the scaling lives in a weight.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Fold {
+    pub add: f32,
+    pub mul: f32,
+}
+
+impl Fold {
+    pub const IDENTITY: Fold = Fold { add: 0.0, mul: 1.0 };
+    pub fn is_identity(&self) -> bool {
+        *self == Fold::IDENTITY
+    }
+    pub fn apply(&self, v: &mut [f32]) {
+        if !self.is_identity() {
+            v.iter_mut().for_each(|x| *x = (*x + self.add) * self.mul);
+        }
+    }
+}
+
 /// Checkpoint layout: where the text decoder's tensors live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Layout {
-    /// `Gemma4ForConditionalGeneration`: text config under `text_config`, tensors under `model.language_model.`.
+    /// `Gemma{4,3}ForConditionalGeneration`: text config under `text_config`, tensors under `model.language_model.`.
     Multimodal,
-    /// `Gemma4ForCausalLM`: top-level text config, tensors under `model.`.
+    /// `Gemma{4,3}ForCausalLM`: top-level text config, tensors under `model.`.
     CausalLm,
 }
 
 /// The derived, validated text-decoder config.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelConfig {
+    pub arch: Arch,
     pub layout: Layout,
     pub prefix: String,
     pub vocab_size: usize,
@@ -122,6 +155,12 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     pub rope: BTreeMap<String, RopeSpec>,
     pub layers: Vec<LayerSpec>,
+    /// Gemma-3: 1 (RMSNorm scales by 1 + w); Gemma-4: 0.
+    pub norm_offset: f32,
+    /// Attention score scaling, folded into q_norm: query_pre_attn_scalar^-½ (Gemma-3), 1 (Gemma-4).
+    pub query_scale: f32,
+    /// Whether values are RMS-normalised (weightless) before attention: Gemma-4 yes, Gemma-3 no.
+    pub v_norm: bool,
     /// The text config object exactly as read (for writers that must reproduce it, e.g. GGUF metadata).
     #[serde(skip)]
     pub raw_text: Value,
@@ -179,13 +218,20 @@ struct TextFields {
     #[serde(default)]
     attention_bias: bool,
     use_bidirectional_attention: Option<Value>,
+    attn_logit_softcapping: Option<f64>,
     #[serde(default = "d::act")]
     hidden_activation: String,
+    // Gemma-3.
+    query_pre_attn_scalar: Option<f64>,
+    /// Older Gemma-3 configs: RoPE of full layers (rope_theta, rope_scaling) and of sliding ones.
+    rope_theta: Option<f64>,
+    rope_local_base_freq: Option<f64>,
+    rope_scaling: Option<RopeFields>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Clone)]
 struct RopeFields {
-    #[serde(default = "d::rope_type")]
+    #[serde(default = "d::rope_type", alias = "type")]
     rope_type: String,
     rope_theta: Option<f64>,
     #[serde(default = "d::one")]
@@ -284,7 +330,7 @@ impl ModelConfig {
             Some(tc) => (Layout::Multimodal, tc.clone()),
             None => (Layout::CausalLm, raw.clone()),
         };
-        check_model_type(&raw, &tc, path)?;
+        let arch = arch_of(&raw, &tc, path)?;
         let fl = Fields {
             path,
             prefix: if layout == Layout::Multimodal {
@@ -293,10 +339,13 @@ impl ModelConfig {
                 ""
             },
         };
-        let t = fl.parse(&tc)?;
+        let mut t = fl.parse(&tc)?;
+        if arch == Arch::Gemma3 {
+            gemma3_fields(&mut t);
+        }
         refuse_unsupported(&fl, &t)?;
         let (hidden_size, intermediate_size, num_layers) = check_dims(&fl, &t)?;
-        let kinds = layer_kinds(&fl, &t, num_layers)?;
+        let kinds = layer_kinds(&fl, &t, num_layers, arch)?;
         let (layer_hd, layer_kvh) = layer_heads(&fl, &t, &kinds)?;
         let rope = rope_specs(&fl, &t, &kinds, &layer_hd)?;
         let (modes, source) = kv_sharing(&fl, &t, &kinds)?;
@@ -331,7 +380,18 @@ impl ModelConfig {
         };
         let top_tie = raw.get("tie_word_embeddings").and_then(|v| v.as_bool());
         let ple_dim = t.hidden_size_per_layer_input;
+        let (norm_offset, query_scale, v_norm) = match arch {
+            Arch::Gemma4 => (0.0, 1.0, true),
+            Arch::Gemma3 => {
+                let q = t.query_pre_attn_scalar.unwrap_or(t.head_dim as f64);
+                if q <= 0.0 {
+                    return Err(fl.err("query_pre_attn_scalar", "must be positive"));
+                }
+                (1.0, q.powf(-0.5) as f32, false)
+            }
+        };
         Ok(ModelConfig {
+            arch,
             layout,
             prefix: match layout {
                 Layout::Multimodal => "model.language_model.".into(),
@@ -359,6 +419,9 @@ impl ModelConfig {
             eos_token_ids,
             rope,
             layers,
+            norm_offset,
+            query_scale,
+            v_norm,
             raw_text: tc,
             raw,
         })
@@ -387,7 +450,8 @@ pub fn round_to(dt: crate::weights::DType, x: f32) -> f32 {
     }
 }
 
-fn check_model_type(raw: &Value, tc: &Value, path: &Path) -> Result<()> {
+/// The architecture named by `model_type` (the text config's, else the top level's).
+fn arch_of(raw: &Value, tc: &Value, path: &Path) -> Result<Arch> {
     let ty = |o: &Value| {
         o.get("model_type")
             .and_then(|v| v.as_str())
@@ -395,19 +459,20 @@ fn check_model_type(raw: &Value, tc: &Value, path: &Path) -> Result<()> {
             .to_string()
     };
     let (model_type, top_type) = (ty(tc), ty(raw));
-    if model_type == "gemma4_text" || model_type == "gemma4" || top_type == "gemma4" {
-        return Ok(());
+    for t in [&model_type, &top_type] {
+        match t.as_str() {
+            "gemma4_text" | "gemma4" => return Ok(Arch::Gemma4),
+            "gemma3_text" | "gemma3" => return Ok(Arch::Gemma3),
+            _ => {}
+        }
     }
     let found = if model_type.is_empty() {
         top_type
     } else {
         model_type
     };
-    Err(Error::config(
-        path,
-        "model_type",
-        format!("expected gemma4 / gemma4_text, found {found:?}"),
-    ))
+    let m = format!("expected gemma4 / gemma4_text / gemma3 / gemma3_text, found {found:?}");
+    Err(Error::config(path, "model_type", m))
 }
 
 /// Features hexq does not run: refuse by field name rather than compute something else.
@@ -421,11 +486,19 @@ fn refuse_unsupported(fl: &Fields, t: &TextFields) -> Result<()> {
             "attention biases are not supported (Gemma-4 has none)",
         ));
     }
-    if let Some(b) = &t.use_bidirectional_attention {
+    if let Some(b) = t
+        .use_bidirectional_attention
+        .as_ref()
+        .filter(|b| **b != Value::Bool(false))
+    {
         return Err(fl.err(
             "use_bidirectional_attention",
             format!("{b} is not supported: hexq runs the causal decoder"),
         ));
+    }
+    if let Some(c) = t.attn_logit_softcapping {
+        let m = format!("{c} is not supported (hexq's attention has no logit softcap)");
+        return Err(fl.err("attn_logit_softcapping", m));
     }
     if t.hidden_activation != "gelu_pytorch_tanh" {
         let act = &t.hidden_activation;
@@ -470,8 +543,8 @@ fn check_dims(fl: &Fields, t: &TextFields) -> Result<(usize, usize, usize)> {
     Ok((hidden, inter, layers))
 }
 
-/// layer_types: default 5 sliding : 1 full; the last layer is forced full (as transformers does).
-fn layer_kinds(fl: &Fields, t: &TextFields, n: usize) -> Result<Vec<AttnKind>> {
+/// layer_types: default 5 sliding : 1 full; Gemma-4 forces the last layer full (as transformers does).
+fn layer_kinds(fl: &Fields, t: &TextFields, n: usize, arch: Arch) -> Result<Vec<AttnKind>> {
     let mut kinds: Vec<AttnKind> = match &t.layer_types {
         None => (0..n)
             .map(|i| {
@@ -500,7 +573,9 @@ fn layer_kinds(fl: &Fields, t: &TextFields, n: usize) -> Result<Vec<AttnKind>> {
                 .collect::<Result<_>>()?
         }
     };
-    *kinds.last_mut().expect("num_hidden_layers > 0") = AttnKind::Full;
+    if arch == Arch::Gemma4 {
+        *kinds.last_mut().expect("num_hidden_layers > 0") = AttnKind::Full;
+    }
     Ok(kinds)
 }
 
@@ -604,10 +679,11 @@ fn rope_specs(
             ));
         }
         let rotated = match rt.as_str() {
-            "default" => d / 2,
+            // linear: the default rotation, positions divided by `factor` (RopeSpec::inv_freq).
+            "default" | "linear" => d / 2,
             "proportional" => ((prf * d as f64) as usize / 2).min(d / 2),
             other => {
-                let m = format!("{other:?} is not supported (default, proportional)");
+                let m = format!("{other:?} is not supported (default, linear, proportional)");
                 return Err(fl.err(&format!("{f}.rope_type"), m));
             }
         };
@@ -661,4 +737,29 @@ fn kv_sharing(
         source[i] = store_of[&kinds[i]];
     }
     Ok((modes, source))
+}
+
+/// Gemma-3's fields in Gemma-4's terms: no per-layer embeddings, KV sharing, double-wide MLP or k = v; full
+/// layers keep head_dim; RoPE from rope_parameters, or (older configs) rope_theta + rope_scaling for full
+/// layers and rope_local_base_freq for sliding ones.
+fn gemma3_fields(t: &mut TextFields) {
+    t.hidden_size_per_layer_input = 0;
+    t.num_kv_shared_layers = 0;
+    t.use_double_wide_mlp = false;
+    t.attention_k_eq_v = false;
+    t.per_layer_config = None;
+    t.global_head_dim = t.head_dim;
+    if t.rope_parameters.is_none() {
+        let plain = |theta: f64| RopeFields {
+            rope_type: d::rope_type(),
+            rope_theta: Some(theta),
+            partial_rotary_factor: 1.0,
+            factor: 1.0,
+        };
+        let mut full = t.rope_scaling.clone().unwrap_or(plain(0.0));
+        full.rope_theta = Some(t.rope_theta.unwrap_or(1_000_000.0));
+        let sliding = plain(t.rope_local_base_freq.unwrap_or(10_000.0));
+        let m = [("full_attention", full), ("sliding_attention", sliding)];
+        t.rope_parameters = Some(m.into_iter().map(|(k, v)| (k.to_string(), v)).collect());
+    }
 }

@@ -206,7 +206,7 @@ impl Model {
         let t = |name: &str| -> Result<Tensor> {
             let info = ckpt.info(name)?;
             Ok(Tensor::from_vec(
-                ckpt.store.to_f32(info),
+                ckpt.f32(name)?,
                 info.shape.as_slice(),
                 &dev,
             )?)
@@ -241,7 +241,10 @@ impl Model {
                 ple_gate: opt(&LT::PleGate.name(i), ple)?,
                 ple_proj: opt(&LT::PleProj.name(i), ple)?,
                 ple_post_ln: opt(&LT::PlePostNorm.name(i), ple)?,
-                scalar: ckpt.f32(&LT::Scalar.name(i))?[0],
+                scalar: match LT::Scalar.present(&cfg, l) {
+                    true => ckpt.f32(&LT::Scalar.name(i))?[0],
+                    false => 1.0,
+                },
             });
         }
         let inv_freq = cfg
@@ -395,7 +398,11 @@ impl Model {
                     .transpose(0, 1)?
                     .contiguous()?;
                 let k = apply_rope(&k)?;
-                let v = rms_norm(&vraw, None, eps)?.transpose(0, 1)?.contiguous()?;
+                let v = match self.cfg.v_norm {
+                    true => rms_norm(&vraw, None, eps)?,
+                    false => vraw,
+                };
+                let v = v.transpose(0, 1)?.contiguous()?;
                 let slot = &mut cache.kv[l.index];
                 *slot = Some(match slot.take() {
                     None => (k, v),

@@ -1,7 +1,7 @@
 //! The one table of Gemma-4 text tensors: names (relative to the layout's prefix), shapes and roles.
 //! Loader checks, `hexq synth`, `hexq inspect`, the exporters and the ablation classes all read it.
 
-use crate::config::{KvMode, LayerSpec, ModelConfig};
+use crate::config::{Arch, Fold, KvMode, LayerSpec, ModelConfig};
 use serde::Serialize;
 
 /// What a tensor is for; decides host vs graph placement and ablation class.
@@ -99,6 +99,8 @@ pub enum Presence {
     OwnsV,
     /// Models with per-layer embeddings.
     Ple,
+    /// Gemma-4 only (the layer scalar).
+    Gemma4,
 }
 
 /// One row of the table: the tensor's names, role, presence and shape rule.
@@ -135,7 +137,7 @@ pub const LAYER_TENSORS: [LayerTensorDef; 17] = [
     LayerTensorDef { t: L::PleGate, hf: "per_layer_input_gate.weight", gguf: "inp_gate.weight", role: Role::Ple, when: P::Ple, shape: |c, _| vec![c.ple_dim, c.hidden_size] },
     LayerTensorDef { t: L::PleProj, hf: "per_layer_projection.weight", gguf: "proj.weight", role: Role::Ple, when: P::Ple, shape: |c, _| vec![c.hidden_size, c.ple_dim] },
     LayerTensorDef { t: L::PlePostNorm, hf: "post_per_layer_input_norm.weight", gguf: "post_norm.weight", role: Role::Norm, when: P::Ple, shape: |c, _| vec![c.hidden_size] },
-    LayerTensorDef { t: L::Scalar, hf: "layer_scalar", gguf: "layer_output_scale.weight", role: Role::Norm, when: P::Always, shape: |_, _| vec![1] },
+    LayerTensorDef { t: L::Scalar, hf: "layer_scalar", gguf: "layer_output_scale.weight", role: Role::Norm, when: P::Gemma4, shape: |_, _| vec![1] },
 ];
 
 impl LayerTensor {
@@ -174,7 +176,29 @@ impl LayerTensor {
             Presence::OwnsKv => l.kv_mode != KvMode::Reuse,
             Presence::OwnsV => l.kv_mode != KvMode::Reuse && !l.k_eq_v,
             Presence::Ple => c.ple_dim > 0,
+            Presence::Gemma4 => c.arch == Arch::Gemma4,
         }
+    }
+}
+
+/// How a checkpoint tensor (prefix-relative name) reads as f32 in Gemma-4's form: RMSNorm weights gain the
+/// config's norm offset (Gemma-3: 1 + w), q_norm also carries the attention scaling (query_pre_attn_scalar^-½);
+/// everything else reads as stored.
+pub fn fold(c: &ModelConfig, name: &str) -> Fold {
+    let norm = Fold {
+        add: c.norm_offset,
+        mul: 1.0,
+    };
+    if name == FINAL_NORM || name == PLE_PROJ_NORM {
+        return norm;
+    }
+    match LayerTensor::parse(name).map(|(_, t)| t) {
+        Some(LayerTensor::QNorm) => Fold {
+            mul: c.query_scale,
+            ..norm
+        },
+        Some(t) if t.def().role == Role::Norm && t != LayerTensor::Scalar => norm,
+        _ => Fold::IDENTITY,
     }
 }
 

@@ -19,6 +19,9 @@ pub(super) fn layer(c: &mut Ctx, l: &LayerSpec, h: &str) -> String {
         let pp = per_layer_input(c, l, &h);
         h = c.n(Op::Add, &[&h, &pp], &format!("{p}.per_layer_residual"));
     }
+    if !LT::Scalar.present(c.cfg, l) {
+        return h;
+    }
     let sc = c.b.weight(&LT::Scalar.name(i), &[1], false);
     c.n(Op::Mul, &[&h, &sc], &format!("{p}.out"))
 }
@@ -128,7 +131,11 @@ fn keys_values(c: &mut Ctx, l: &LayerSpec, x: &str) -> (String, String) {
     let k = c.rms_norm(&k, Some((&LT::KNorm.name(i), d)), &LT::KNorm.module(i));
     let k = c.transpose(&k, &[0, 2, 1, 3], &format!("{p}.self_attn.k_t"));
     let k = c.rope(&k, &cos, &sin, d, &format!("{p}.self_attn.k_rope"));
-    let vv = c.rms_norm(&vraw, None, &format!("{p}.self_attn.v_norm"));
+    // Gemma-4 RMS-normalises values (no weight); Gemma-3 does not.
+    let vv = match c.cfg.v_norm {
+        true => c.rms_norm(&vraw, None, &format!("{p}.self_attn.v_norm")),
+        false => vraw,
+    };
     let vv = c.transpose(&vv, &[0, 2, 1, 3], &format!("{p}.self_attn.v_t"));
     let len = kv_len(c.cfg, l, c.v, c.o);
     let m = c.masks(len, window(c, l), g);
