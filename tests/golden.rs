@@ -1,4 +1,5 @@
-//! The reference forward against transformers 5.23 (float32 goldens made by scripts/make_fixture.py).
+//! The reference forward against transformers (float32 goldens): Gemma-4 (5.23, scripts/make_fixture.py) and
+//! Gemma-3 (5.24, scripts/make_fixture_gemma3.py).
 
 use hexq_model::chat::{Message, Tokenizer};
 use hexq_model::forward::{argmax, to_rows};
@@ -12,12 +13,20 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
+/// (checkpoint, its goldens) for each architecture.
+const FIXTURES: [(&str, &str); 2] = [("tiny-gemma4", "golden"), ("tiny-gemma3", "golden-gemma3")];
+
 fn golden() -> (Value, SafetensorsStore) {
+    golden_of("golden")
+}
+
+fn golden_of(dir: &str) -> (Value, SafetensorsStore) {
     let g: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixtures().join("golden/golden.json")).unwrap(),
+        &std::fs::read_to_string(fixtures().join(dir).join("golden.json")).unwrap(),
     )
     .unwrap();
-    let st = SafetensorsStore::open_files(&[fixtures().join("golden/golden.safetensors")]).unwrap();
+    let st =
+        SafetensorsStore::open_files(&[fixtures().join(dir).join("golden.safetensors")]).unwrap();
     (g, st)
 }
 
@@ -72,16 +81,25 @@ fn greedy(m: &Model, ids: &[u32], n: usize, cached: bool) -> Vec<u32> {
 
 #[test]
 fn logits_and_every_hidden_state_match_transformers() {
-    let (g, st) = golden();
-    let m = load("tiny-gemma4");
-    for (name, s) in g["sequences"].as_object().unwrap() {
+    for (fx, gd) in FIXTURES {
+        let (g, st) = golden_of(gd);
+        let m = load(fx);
+        for (name, s) in g["sequences"].as_object().unwrap() {
+            check_sequence(&m, &st, name, s, fx);
+        }
+    }
+}
+
+/// Logits and every hidden state of one golden sequence within 1e-4 relative.
+fn check_sequence(m: &Model, st: &SafetensorsStore, name: &str, s: &Value, fx: &str) {
+    {
         let ids = ids_of(&s["ids"]);
         let mut cache = KvCache::new(m.cfg.num_layers);
         let (logits, trace) = m.forward_traced(&ids, &mut cache).unwrap();
         let gl = st.to_f32(st.get(&format!("{name}.logits")).unwrap());
         let ours: Vec<f32> = logits.flatten_all().unwrap().to_vec1().unwrap();
         let e = rel_err(&ours, &gl);
-        assert!(e <= 1e-4, "{name}: logits rel err {e}");
+        assert!(e <= 1e-4, "{fx} {name}: logits rel err {e}");
         let gh = st.get(&format!("{name}.hidden")).unwrap();
         let gh_v = st.to_f32(gh);
         assert_eq!(gh.shape[0], trace.len(), "{name}: number of hidden states");
@@ -89,20 +107,30 @@ fn logits_and_every_hidden_state_match_transformers() {
         for (i, t) in trace.iter().enumerate() {
             let ours: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
             let e = rel_err(&ours, &gh_v[i * per..(i + 1) * per]);
-            assert!(e <= 1e-4, "{name}: hidden state {i} rel err {e}");
+            assert!(e <= 1e-4, "{fx} {name}: hidden state {i} rel err {e}");
         }
     }
 }
 
 #[test]
 fn greedy_matches_transformers_cached_and_uncached() {
-    let (g, _) = golden();
-    let m = load("tiny-gemma4");
-    for (name, s) in g["sequences"].as_object().unwrap() {
-        let ids = ids_of(&s["ids"]);
-        let want = ids_of(&s["greedy8"]);
-        assert_eq!(greedy(&m, &ids, 8, true), want, "{name}: cached greedy");
-        assert_eq!(greedy(&m, &ids, 8, false), want, "{name}: uncached greedy");
+    for (fx, gd) in FIXTURES {
+        let (g, _) = golden_of(gd);
+        let m = load(fx);
+        for (name, s) in g["sequences"].as_object().unwrap() {
+            let ids = ids_of(&s["ids"]);
+            let want = ids_of(&s["greedy8"]);
+            assert_eq!(
+                greedy(&m, &ids, 8, true),
+                want,
+                "{fx} {name}: cached greedy"
+            );
+            assert_eq!(
+                greedy(&m, &ids, 8, false),
+                want,
+                "{fx} {name}: uncached greedy"
+            );
+        }
     }
 }
 

@@ -353,3 +353,31 @@ fn cli_graph_summary_and_run_backend_graph() {
     assert_eq!(v["generated_ids"], g["sequences"]["chat"]["greedy8"]);
     assert_eq!(v["backend"], "graph");
 }
+
+/// Gemma-3 (no v_norm, 1 + w norms, query_pre_attn_scalar, linear RoPE, a sliding last layer): decode_wgqa
+/// through the ring wrap, decode_full, and trunk chunks then decode, each against the reference at every
+/// position; greedy equal to transformers'.
+#[test]
+fn gemma3_graphs_match_reference() {
+    let ck = Arc::new(Checkpoint::open(&fixtures().join("tiny-gemma3")).unwrap());
+    let g: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("golden-gemma3/golden.json")).unwrap(),
+    )
+    .unwrap();
+    let o = GraphOptions {
+        context: 64,
+        seq: 16,
+    };
+    let long = ids_of(&g["sequences"]["long"]["ids"]);
+    let mut b = backend(&ck, Variant::DecodeWgqa, false, o);
+    check_positions(&mut b, &ck, &long, "gemma3 decode_wgqa long");
+    for (name, s) in g["sequences"].as_object().unwrap() {
+        let (got, _, _, _) = hexq_runtime::generate_ids(&mut b, &ids_of(&s["ids"]), 8).unwrap();
+        assert_eq!(got, ids_of(&s["greedy8"]), "gemma3 {name}");
+    }
+    let mut b = backend(&ck, Variant::DecodeFull, false, o);
+    check_positions(&mut b, &ck, &long, "gemma3 decode_full");
+    // Trunk of 16 over a 40-token prompt: chunks 16 + 16 + 8.
+    let mut b = backend(&ck, Variant::DecodeWgqa, true, o);
+    check_positions(&mut b, &ck, &long, "gemma3 trunk");
+}

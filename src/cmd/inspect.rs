@@ -51,8 +51,8 @@ pub fn run(a: Args) -> Result<()> {
     }
     println!("{}", dir.display());
     println!(
-        "  layout           {:?} (tensors under {:?})",
-        c.layout, c.prefix
+        "  arch {:?} | layout {:?} (tensors under {:?})",
+        c.arch, c.layout, c.prefix
     );
     println!(
         "  hidden {} | layers {} | q heads {} | vocab {} | eps {}",
