@@ -113,7 +113,7 @@ fn q4_0_q8_0_q6_k_blocks_equal_the_reference_quantizers() {
     if !gguf_py() {
         return;
     }
-    use hexq_quantize::ggml;
+    use hexq_gguf::ggml;
     let t = tempfile::tempdir().unwrap();
     let mut rng: u64 = 0x9e3779b97f4a7c15;
     let mut next = move || {
@@ -365,7 +365,7 @@ fn llama_cpp_loads_hexq_gguf_and_decodes_like_the_float_reference() {
 /// (q4_0-dequantized 2-D weights, f16-rounded fallbacks, f32 1-D): "hexq's dequantized-q4_0 reference".
 fn dequantized_checkpoint(src: &Path, dst: &Path) {
     use hexq_export::gguf::{gguf_name, tensor_type, FileType};
-    use hexq_quantize::ggml::{self, GgmlType};
+    use hexq_gguf::ggml::{self, GgmlType};
     let ck = hexq_model::Checkpoint::open(src).unwrap();
     std::fs::create_dir_all(dst).unwrap();
     for f in std::fs::read_dir(src).unwrap() {

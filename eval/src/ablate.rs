@@ -3,7 +3,7 @@
 //! 4-bit build rests on (granularity, not bit-width, decides accuracy).
 //!
 //! Grids (all symmetric): `int8-pc` / `int4-pc` per output channel (AIMET's rule, [`hexq_quantize::Encoding`]);
-//! `q4_0-g32` ggml's q4_0 exactly ([`hexq_quantize::ggml`]); `g64` / `g128` the same q4_0 rule over 64/128-wide
+//! `q4_0-g32` ggml's q4_0 exactly ([`hexq_gguf::ggml`]); `g64` / `g128` the same q4_0 rule over 64/128-wide
 //! groups; `int4-pc-mlp-only` int4 per channel on the MLP, attention float.
 //!
 //! `heavy_tail`: random checkpoints lack the outlier input channels real LLMs have, so every grid looks
@@ -63,8 +63,8 @@ impl Scheme {
 fn q4_group(x: &mut [f32]) {
     if x.len() == 32 {
         let mut b = Vec::with_capacity(18);
-        hexq_quantize::ggml::quantize_q4_0(x, &mut b).expect("finite weights");
-        x.copy_from_slice(&hexq_quantize::ggml::dequantize_q4_0(&b));
+        hexq_gguf::ggml::quantize_q4_0(x, &mut b).expect("finite weights");
+        x.copy_from_slice(&hexq_gguf::ggml::dequantize_q4_0(&b));
         return;
     }
     let (mut amax, mut max) = (0f32, 0f32);

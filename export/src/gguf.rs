@@ -7,8 +7,8 @@
 //! gguf-py 0.19). Why our own writer: candle's `gguf_file::write` needs every tensor in memory, and gguf-rs
 //! only reads.
 
+use hexq_gguf::ggml::{self, GgmlType};
 use hexq_model::{Checkpoint, Error, Result};
-use hexq_quantize::ggml::{self, GgmlType};
 use std::io::Write;
 use std::path::Path;
 
@@ -35,24 +35,7 @@ fn put_str(o: &mut Vec<u8>, s: &str) {
     o.extend(s.as_bytes());
 }
 
-/// gguf-py's `GGUFValueType`: the type ids a metadata value is written with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum ValueType {
-    U8 = 0,
-    I8 = 1,
-    U16 = 2,
-    I16 = 3,
-    U32 = 4,
-    I32 = 5,
-    F32 = 6,
-    Bool = 7,
-    String = 8,
-    Array = 9,
-    U64 = 10,
-    I64 = 11,
-    F64 = 12,
-}
+pub use hexq_gguf::ValueType;
 
 impl Val {
     fn type_id(&self) -> ValueType {

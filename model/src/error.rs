@@ -1,6 +1,6 @@
 //! The error the pipeline stages share: every variant says which file, tensor, config field, graph node or
 //! option is at fault. Stages with their own failure modes have their own type (`hexq_runtime::Error`,
-//! `hexq_graph::ir::GraphError`, `hexq_quantize::ggml::GgmlError`, `hexq_fsutil::Error`) and convert into it.
+//! `hexq_graph::ir::GraphError`, `hexq_gguf::ggml::GgmlError`, `hexq_fsutil::Error`) and convert into it.
 
 use std::path::{Path, PathBuf};
 

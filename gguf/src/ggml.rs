@@ -20,6 +20,8 @@ use half::f16;
 pub const QK: usize = 32;
 pub const Q4_0_BYTES: usize = 18;
 pub const Q8_0_BYTES: usize = 34;
+pub const Q5_0_BYTES: usize = 22;
+pub const Q4_K_BYTES: usize = 144;
 pub const QK_K: usize = 256;
 pub const Q6_K_BYTES: usize = 210;
 
@@ -30,7 +32,9 @@ pub enum GgmlType {
     F16,
     BF16,
     Q4_0,
+    Q5_0,
     Q8_0,
+    Q4_K,
     Q6_K,
 }
 
@@ -45,11 +49,13 @@ pub struct GgmlTypeInfo {
 }
 
 #[rustfmt::skip]
-pub const GGML_TYPES: [GgmlTypeInfo; 6] = [
+pub const GGML_TYPES: [GgmlTypeInfo; 8] = [
     GgmlTypeInfo { ty: GgmlType::F32, name: "F32", id: 0, block: 1, block_bytes: 4 },
     GgmlTypeInfo { ty: GgmlType::F16, name: "F16", id: 1, block: 1, block_bytes: 2 },
     GgmlTypeInfo { ty: GgmlType::Q4_0, name: "Q4_0", id: 2, block: QK, block_bytes: Q4_0_BYTES },
+    GgmlTypeInfo { ty: GgmlType::Q5_0, name: "Q5_0", id: 6, block: QK, block_bytes: Q5_0_BYTES },
     GgmlTypeInfo { ty: GgmlType::Q8_0, name: "Q8_0", id: 8, block: QK, block_bytes: Q8_0_BYTES },
+    GgmlTypeInfo { ty: GgmlType::Q4_K, name: "Q4_K", id: 12, block: QK_K, block_bytes: Q4_K_BYTES },
     GgmlTypeInfo { ty: GgmlType::Q6_K, name: "Q6_K", id: 14, block: QK_K, block_bytes: Q6_K_BYTES },
     GgmlTypeInfo { ty: GgmlType::BF16, name: "BF16", id: 30, block: 1, block_bytes: 2 },
 ];
@@ -115,6 +121,14 @@ pub enum GgmlError {
     NonFinite { value: f32, index: usize },
     #[error("{0} is not a block type")]
     NotBlockType(&'static str),
+    #[error("hexq has no {0} quantizer (it reads {0}, it does not write it)")]
+    NoQuantizer(&'static str),
+    #[error("{bytes} bytes is not a whole number of {ty} blocks ({block_bytes} bytes each)")]
+    PartialBytes {
+        bytes: usize,
+        ty: &'static str,
+        block_bytes: usize,
+    },
 }
 
 type Result<T> = std::result::Result<T, GgmlError>;
@@ -520,6 +534,8 @@ pub fn encode_into(t: GgmlType, x: &[f32], row: usize, out: &mut Vec<u8>) -> Res
                 .zip(out.par_chunks_mut(t.bytes(TASK)))
                 .try_for_each(|(xs, os)| quantize_task(t, xs, os))?;
         }
+        // Read (imported) only: hexq writes no Q5_0 or Q4_K.
+        GgmlType::Q5_0 | GgmlType::Q4_K => return Err(GgmlError::NoQuantizer(t.name())),
     }
     Ok(())
 }

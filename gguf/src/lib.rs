@@ -1,0 +1,13 @@
+//! hexq-gguf: the ggml/GGUF formats as facts and small exact functions, shared by the GGUF writer (export),
+//! the weight grids (eval) and GGUF import.
+//!
+//! - [`ggml`]: the ggml type table (ids, block sizes, bytes) and the q4_0 / q8_0 / q6_K quantizers of
+//!   ggml-quants.c, bit for bit;
+//! - [`dequant`]: dequantizers for F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, bit-identical to gguf-py;
+//! - [`reader`]: a bounds-checked GGUF reader (header, key-values, tensor infos, mapped data).
+
+pub mod dequant;
+pub mod ggml;
+pub mod reader;
+
+pub use reader::{GgufError, GgufFile, TensorInfo, Value, ValueType};

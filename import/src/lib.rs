@@ -1,0 +1,1 @@
+//! hexq-import: a GGUF into a Hugging Face-layout checkpoint.
