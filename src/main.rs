@@ -45,6 +45,8 @@ enum Cmd {
     /// Compile an export to a QNN HTP context binary for a target: `<variant>_<target>.bin` + its EPContext
     /// `.onnx` in the export dir, recorded in manifest.json and SHA256SUMS; the embedded SoC/arch is checked.
     Compile(cmd::compile::Args),
+    /// Import a GGUF as a Hugging Face-layout checkpoint (config.json, safetensors, tokenizer, chat template).
+    Import(cmd::import::Args),
     /// Write a random-weight bf16 checkpoint with the real names and shapes of a config (streamed).
     Synth(cmd::synth::Args),
 }
@@ -69,6 +71,7 @@ fn main() {
         Cmd::Ablate(a) => cmd::ablate::run(a),
         Cmd::Compile(a) => cmd::compile::run(a),
         Cmd::Synth(a) => cmd::synth::run(a),
+        Cmd::Import(a) => cmd::import::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -352,3 +352,28 @@ fn parse_header(path: &Path, m: &[u8], file: usize) -> Result<Vec<TensorInfo>> {
     }
     Ok(out)
 }
+
+/// A safetensors header for tensors written back to back in this order: the 8-byte length, then the JSON
+/// (padded with spaces to 8 bytes, as the Rust and Python writers do). Returns the header and the data size.
+pub fn safetensors_header(
+    tensors: &[(String, DType, Vec<usize>)],
+    metadata: &serde_json::Value,
+) -> (Vec<u8>, usize) {
+    let mut hdr = serde_json::Map::new();
+    hdr.insert("__metadata__".into(), metadata.clone());
+    let mut off = 0usize;
+    for (name, dt, shape) in tensors {
+        let n = shape.iter().product::<usize>() * dt.size();
+        let e =
+            serde_json::json!({"dtype": dt.name(), "shape": shape, "data_offsets": [off, off + n]});
+        hdr.insert(name.clone(), e);
+        off += n;
+    }
+    let mut hj = serde_json::to_vec(&serde_json::Value::Object(hdr)).expect("a JSON map");
+    while hj.len() % 8 != 0 {
+        hj.push(b' ');
+    }
+    let mut out = (hj.len() as u64).to_le_bytes().to_vec();
+    out.extend(hj);
+    (out, off)
+}

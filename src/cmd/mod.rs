@@ -7,6 +7,7 @@ pub mod compile;
 pub mod export;
 pub mod gguf;
 pub mod graph;
+pub mod import;
 pub mod inspect;
 pub mod pipeline;
 pub mod quantize;

