@@ -32,7 +32,10 @@ fn ids(v: &Value) -> Vec<u32> {
 
 /// Token ids, stored by the golden script as float32 (exact below 2^24).
 fn i64s(st: &SafetensorsStore, name: &str) -> Vec<i64> {
-    st.to_f32(st.get(name).unwrap()).into_iter().map(|x| x as i64).collect()
+    st.to_f32(st.get(name).unwrap())
+        .into_iter()
+        .map(|x| x as i64)
+        .collect()
 }
 
 #[test]
