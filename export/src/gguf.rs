@@ -358,6 +358,13 @@ fn tokenizer_keys(ck: &Checkpoint, kv: &mut Vec<(String, Val)>) -> Result<()> {
 /// safetensors (sorted) order.
 pub fn plan(ck: &Checkpoint, ft: FileType, pure: bool) -> Result<Vec<Plan>> {
     let cfg = &ck.config;
+    if cfg.arch != hexq_model::config::Arch::Gemma4 {
+        let m = format!(
+            "GGUF output is written for gemma4 only; this checkpoint is {:?}",
+            cfg.arch
+        );
+        return Err(Error::config(&ck.dir.join("config.json"), "model_type", m));
+    }
     let full = cfg.layers.iter().find(|l| l.window.is_none());
     let mut out = Vec::new();
     if let Some(l) = full {

@@ -309,6 +309,12 @@ fn qdq_runs(a: &Args, s: &mut Stages) {
 /// GGUF q4_0 (--pure, the published 4-bit mix) and f16; the weight-grid ablation.
 fn host_formats(a: &Args, s: &mut Stages) {
     let m = &a.model;
+    // GGUF output is written for Gemma-4 only (issue 16 leaves gemma3 GGUF output open).
+    let arch = super::model_dir(m.clone())
+        .and_then(|d| Ok(hexq_model::ModelConfig::from_file(&d.join("config.json"))?.arch))
+        .ok();
+    let no_gguf = (arch != Some(hexq_model::config::Arch::Gemma4))
+        .then(|| format!("GGUF output is written for gemma4 only, this model is {arch:?}"));
     for (name, ty, pure, file) in [
         (
             "gguf q4_0 --pure",
@@ -323,7 +329,7 @@ fn host_formats(a: &Args, s: &mut Stages) {
             force: true,
             ..gguf::Args::new(m.clone(), ty, pure, p.clone())
         };
-        s.stage(name, Some(&p), None, || gguf::run(g));
+        s.stage(name, Some(&p), no_gguf.clone(), || gguf::run(g));
     }
     let svg = a.out.join("ablate.svg");
     let ab = ablate::Args {
