@@ -111,7 +111,12 @@ fn forward_matches_transformers_on_the_trained_model() {
             worst <= 1e-4,
             "{name}: max |Δlogit| / max |logit| = {worst}"
         );
+        eprintln!(
+            "{name}: {} positions, logits max |Δ| / max |logit| {worst:.2e}",
+            rows.len()
+        );
         // Every layer's hidden state at the stored positions.
+        let mut hid_worst = 0f32;
         let pos: Vec<usize> = s["positions"]
             .as_array()
             .unwrap()
@@ -134,7 +139,9 @@ fn forward_matches_transformers_on_the_trained_model() {
                     a.max((ours[p][c] - theirs[j * h + c]).abs())
                 });
             assert!(d / m <= 1e-4, "{name}: hidden state {l}: rel err {}", d / m);
+            hid_worst = hid_worst.max(d / m);
         }
+        eprintln!("{name}: hidden states (every layer) max rel err {hid_worst:.2e}");
         // Perplexity from our logits equals transformers'.
         let nll: f64 = rows[..rows.len() - 1]
             .iter()
@@ -150,6 +157,10 @@ fn forward_matches_transformers_on_the_trained_model() {
         assert!(
             (nll.exp() / want_ppl - 1.0).abs() < 1e-3,
             "{name}: perplexity {} vs {want_ppl}",
+            nll.exp()
+        );
+        eprintln!(
+            "{name}: perplexity {:.4} (transformers {want_ppl:.4})",
             nll.exp()
         );
     }
