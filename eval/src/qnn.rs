@@ -1,5 +1,6 @@
-//! `hexq verify --backend qnn`: per compiled export × target, the HTP-simulated graph vs float and vs hexq's
-//! quantsim, and quantsim vs float as the baseline — the offline answer to "will the device match quantsim?".
+//! `hexq verify --backend qnn|ort`: per export × execution provider — the compiled binary on QNN HTP (the
+//! simulator on x86-64) for each target, or the QDQ graph in onnxruntime's CPU EP — vs float and vs hexq's
+//! quantsim, with quantsim vs float as the baseline: the offline answer to "will the device match quantsim?".
 
 use crate::verify::{backend, compare, compare_many, quantsim, Report};
 use hexq_calibrate::Record;
@@ -26,13 +27,13 @@ pub struct Row {
     pub report: Report,
 }
 
-/// Every export in `artifacts` on every target; `progress(label)` makes a bar per comparison.
-pub fn verify_qnn(
+/// Every export in `artifacts` on every execution provider; `progress(label)` makes a bar per comparison.
+pub fn verify_exports(
     ck: &Arc<Checkpoint>,
     tok: &Tokenizer,
     recs: &[Record],
     artifacts: &[PathBuf],
-    targets: &[String],
+    eps: &[Ep],
     steps: usize,
     progress: &dyn Fn(&str) -> indicatif::ProgressBar,
 ) -> Result<Vec<Row>> {
@@ -59,16 +60,20 @@ pub fn verify_qnn(
         let r = compare(&vname, &mut float, &mut qs, tok, recs, o.context, st, &pb)?;
         pb.finish_and_clear();
         rows.push(row(&vname, "-", "quantsim", "float", None, r));
-        for t in targets {
-            let mut htp = OrtBackend::open(&[a.clone()], 1, Ep::Qnn { target: t.clone() })?;
-            // HTP runs once against both references (decode steps follow float's greedy tokens).
-            let pb = progress(&format!("{vname} {t}: HTP vs float and quantsim"));
+        for ep in eps {
+            let (t, cand) = match ep {
+                Ep::Qnn { target } => (target.clone(), "htp"),
+                Ep::Cpu => ("ort-cpu".to_string(), "ort"),
+            };
+            let mut htp = OrtBackend::open(&[a.clone()], 1, ep.clone())?;
+            // The candidate runs once against both references (decode steps follow float's greedy tokens).
+            let pb = progress(&format!("{vname} {t}: {cand} vs float and quantsim"));
             let refs: &mut [&mut dyn hexq_runtime::Hidden] = &mut [&mut float, &mut qs];
             let rs = compare_many(&vname, refs, &mut htp, tok, recs, o.context, st, &pb)?;
             pb.finish_and_clear();
             let counts = (htp.sessions_created, htp.kv_buffers_allocated);
             for (refname, r) in ["float", "quantsim"].into_iter().zip(rs) {
-                rows.push(row(&vname, t, "htp", refname, Some(counts), r));
+                rows.push(row(&vname, &t, cand, refname, Some(counts), r));
             }
         }
     }

@@ -47,6 +47,8 @@ pub enum Backend {
     Quantsim,
     /// Compiled context binaries on QNN HTP (the simulator on x86-64).
     Qnn,
+    /// QDQ exports in onnxruntime's CPU EP.
+    Ort,
 }
 
 impl Args {
@@ -68,7 +70,7 @@ impl Args {
 
 pub fn run(a: Args) -> Result<()> {
     match a.backend {
-        Backend::Qnn => qnn(a),
+        Backend::Qnn | Backend::Ort => exports(a),
         Backend::Quantsim => quantsim(a),
     }
 }
@@ -84,28 +86,26 @@ fn load(a: &Args) -> Result<(Arc<Checkpoint>, Tokenizer, Vec<hexq_calibrate::Rec
     Ok((ck, tok, recs))
 }
 
-fn qnn(a: Args) -> Result<()> {
+fn exports(a: Args) -> Result<()> {
+    use hexq_runtime::ort::Ep;
     if a.artifacts.is_empty() {
-        anyhow::bail!("--backend qnn needs --artifacts DIR (compiled by `hexq compile`)");
+        anyhow::bail!("--backend qnn/ort needs --artifacts DIR (a `hexq export --qdq` output; for qnn compiled by `hexq compile`)");
     }
     let (ck, tok, recs) = load(&a)?;
-    let targets: Vec<String> = a
-        .targets
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(String::from)
-        .collect();
+    let eps: Vec<Ep> = match a.backend {
+        Backend::Ort => vec![Ep::Cpu],
+        _ => a
+            .targets
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| Ep::Qnn { target: t.into() })
+            .collect(),
+    };
     let quiet = StdoutToStderr::new();
-    let rows = hexq_eval::qnn::verify_qnn(
-        &ck,
-        &tok,
-        &recs,
-        &a.artifacts,
-        &targets,
-        a.steps,
-        &count_progress,
-    )?;
+    let (arts, steps) = (&a.artifacts, a.steps);
+    let rows =
+        hexq_eval::qnn::verify_exports(&ck, &tok, &recs, arts, &eps, steps, &count_progress)?;
     drop(quiet);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
