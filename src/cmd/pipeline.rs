@@ -30,6 +30,37 @@ pub struct Args {
     /// Print the stage table as JSON (on stdout, after the stages' own output).
     #[arg(long)]
     pub json: bool,
+    /// Run the HTP simulator stages: auto = only for decoders up to 20 M weights (the simulator runs ~12 M
+    /// weights/s, so a larger model costs minutes per token).
+    #[arg(long, value_enum, default_value_t = Qnn::Auto)]
+    pub qnn: Qnn,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Qnn {
+    Auto,
+    On,
+    Off,
+}
+
+/// Decoder weights above which `--qnn auto` skips the HTP simulator.
+const SIMULATOR_MAX_WEIGHTS: usize = 20_000_000;
+
+/// Why the QNN stages do not run on this model under `--qnn`, if they do not.
+fn qnn_off(a: &Args) -> Option<String> {
+    let weights = super::model_dir(a.model.clone())
+        .and_then(|d| Ok(hexq_model::ModelConfig::from_file(&d.join("config.json"))?))
+        .map(|c| hexq_model::names::param_counts(&c).decoder)
+        .unwrap_or(0);
+    match a.qnn {
+        Qnn::On => None,
+        Qnn::Off => Some("--qnn off".into()),
+        Qnn::Auto if weights > SIMULATOR_MAX_WEIGHTS => Some(format!(
+            "{:.0} M decoder weights: the HTP simulator (~12 M weights/s) would take minutes per token; --qnn on runs it",
+            weights as f64 / 1e6
+        )),
+        Qnn::Auto => None,
+    }
 }
 
 const PROMPT: &str = "What is the capital of France?";
@@ -275,7 +306,9 @@ fn qdq_runs(a: &Args, s: &mut Stages) {
         s.stage(
             &name,
             Some(&bin),
-            s.after(&[exported]).or_else(missing_qnn),
+            s.after(&[exported])
+                .or_else(|| qnn_off(a))
+                .or_else(missing_qnn),
             || compile::run(c),
         );
         let r = run::Args {
