@@ -24,12 +24,12 @@ pub struct Args {
     pub schemes: Vec<Scheme>,
     #[arg(long, default_value = "datasets/heldout.jsonl")]
     pub dataset: PathBuf,
-    #[arg(long, default_value_t = 24)]
+    #[arg(long, default_value_t = 24, value_parser = super::positive)]
     pub limit: usize,
     /// Heavy-tailed input-channel scales folded into the weights (function-preserving; see README).
     #[arg(long)]
     pub heavy_tail: bool,
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = super::positive)]
     pub context: usize,
     #[arg(long)]
     pub json: bool,

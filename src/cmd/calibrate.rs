@@ -25,11 +25,11 @@ pub struct Args {
     #[arg(long, default_value_t = 8)]
     pub decode_tokens: usize,
     /// Use only the first N prompts.
-    #[arg(long)]
+    #[arg(long, value_parser = super::positive)]
     pub limit: Option<usize>,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = super::positive)]
     pub context: usize,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = super::positive)]
     pub seq: usize,
     /// Feed N(0,1) noise instead of token embeddings (the documented failure mode; refused unless --force).
     #[arg(long)]

@@ -16,9 +16,9 @@ pub struct Args {
     pub model: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Variant::DecodeWgqa)]
     pub variant: Variant,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = super::positive)]
     pub context: usize,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = super::positive)]
     pub seq: usize,
     /// Encodings from `hexq quantize` (written beside the graph; required for --qdq and int8kv).
     #[arg(long)]

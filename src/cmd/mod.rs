@@ -18,6 +18,16 @@ pub mod verify;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 
+/// A count that must be at least 1 (`--context`, `--seq`, `--limit`…): 0 is refused by clap (exit 2) before
+/// it can reach a graph builder or an empty table.
+pub fn positive(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// `--model`, or the bundled tiny Gemma-4 when none is given.
 pub fn model_dir(m: Option<PathBuf>) -> Result<PathBuf> {
     match m {

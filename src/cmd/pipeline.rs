@@ -20,12 +20,12 @@ pub struct Args {
     #[arg(long, default_value = "out/pipeline")]
     pub out: PathBuf,
     /// Calibration prompts used (of datasets/calibration.jsonl).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::positive)]
     pub calib_limit: usize,
     /// Held-out prompts verified.
-    #[arg(long, default_value_t = 24)]
+    #[arg(long, default_value_t = 24, value_parser = super::positive)]
     pub verify_limit: usize,
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = super::positive)]
     pub context: usize,
     /// Print the stage table as JSON (on stdout, after the stages' own output).
     #[arg(long)]

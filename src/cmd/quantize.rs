@@ -69,6 +69,14 @@ pub fn run(a: Args) -> Result<()> {
             problems[0]
         );
     }
+    for (field, v) in [("context", st.context), ("seq", st.seq)] {
+        if v == 0 {
+            anyhow::bail!(
+                "{}: stats field `{field}` is 0 (a calibration runs a graph of at least 1)",
+                a.stats.display()
+            );
+        }
+    }
     let v = Variant::parse(&st.variant).ok_or_else(|| {
         anyhow::anyhow!("{}: unknown variant {:?}", a.stats.display(), st.variant)
     })?;

@@ -25,7 +25,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     pub backend: BackendKind,
     /// Graph backend: full-attention buffer length (max context).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = super::positive)]
     pub context: usize,
     /// Graph backend: trunk chunk length (0 = no trunk, prompt token by token through decode).
     #[arg(long, default_value_t = 128)]

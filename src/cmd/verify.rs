@@ -32,7 +32,7 @@ pub struct Args {
     pub stats: Option<PathBuf>,
     #[arg(long, default_value = "datasets/heldout.jsonl")]
     pub dataset: PathBuf,
-    #[arg(long)]
+    #[arg(long, value_parser = super::positive)]
     pub limit: Option<usize>,
     /// Greedy decode steps compared token by token.
     #[arg(long, default_value_t = 8)]
