@@ -148,28 +148,25 @@ pub fn synth(
     for (k, members) in shards.iter().enumerate() {
         let path = dir.path(&shard_name(k));
         // Header first: every shape is known up front.
-        let mut hdr = serde_json::Map::new();
-        hdr.insert(
-            "__metadata__".into(),
-            serde_json::json!({"format": "pt", "hexq": "synth"}),
-        );
-        let mut off = 0usize;
-        for &i in members {
-            let s = &specs[i];
-            let n = s.numel() * 2;
-            hdr.insert(full_name(s), serde_json::json!({"dtype": "BF16", "shape": s.shape, "data_offsets": [off, off + n]}));
-            weight_map.insert(full_name(s), shard_name(k).into());
-            off += n;
+        let entries: Vec<_> = members
+            .iter()
+            .map(|&i| {
+                (
+                    full_name(&specs[i]),
+                    crate::weights::DType::BF16,
+                    specs[i].shape.clone(),
+                )
+            })
+            .collect();
+        for (name, _, _) in &entries {
+            weight_map.insert(name.clone(), shard_name(k).into());
         }
-        let mut hj = serde_json::to_vec(&serde_json::Value::Object(hdr)).unwrap();
-        while hj.len() % 8 != 0 {
-            hj.push(b' ');
-        }
+        let meta = serde_json::json!({"format": "pt", "hexq": "synth"});
+        let (head, _) = crate::weights::safetensors_header(&entries, &meta);
         let f = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
         let mut w = BufWriter::with_capacity(8 << 20, f);
         let io = |e| Error::io(&path, e);
-        w.write_all(&(hj.len() as u64).to_le_bytes()).map_err(io)?;
-        w.write_all(&hj).map_err(io)?;
+        w.write_all(&head).map_err(io)?;
         let mut buf = vec![0u8; CHUNK * BATCH * 2];
         for &ti in members {
             let s = &specs[ti];

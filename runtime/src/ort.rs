@@ -28,26 +28,38 @@ pub fn find_onnxruntime() -> Result<PathBuf> {
     if let Ok(p) = std::env::var("ORT_DYLIB_PATH") {
         return Ok(PathBuf::from(p));
     }
+    let script = "import onnxruntime, os, glob; d = os.path.join(os.path.dirname(onnxruntime.__file__), 'capi'); print(sorted(glob.glob(os.path.join(d, 'libonnxruntime.so*')))[0])";
+    let out = python_probe(
+        script,
+        1,
+        "libonnxruntime.so",
+        "set ORT_DYLIB_PATH or `pip install onnxruntime`",
+    )?;
+    Ok(PathBuf::from(&out[0]))
+}
+
+/// Run a python3 one-liner that prints `lines` lines; a missing interpreter or package is [`Error::Missing`]
+/// naming `tool` with `hint` and python's last stderr line.
+fn python_probe(
+    script: &str,
+    lines: usize,
+    tool: &'static str,
+    hint: &'static str,
+) -> Result<Vec<String>> {
+    let missing = |detail: String| Error::Missing { tool, hint, detail };
     let o = std::process::Command::new("python3")
-        .args(["-c", "import onnxruntime, os, glob; d = os.path.join(os.path.dirname(onnxruntime.__file__), 'capi'); print(sorted(glob.glob(os.path.join(d, 'libonnxruntime.so*')))[0])"])
+        .args(["-c", script])
         .output()
-        .map_err(|e| Error::Missing {
-            tool: "libonnxruntime.so",
-            hint: "set ORT_DYLIB_PATH or `pip install onnxruntime`",
-            detail: format!("running python3: {e}"),
-        })?;
-    if !o.status.success() {
-        return Err(Error::Missing {
-            tool: "libonnxruntime.so",
-            hint: "set ORT_DYLIB_PATH or `pip install onnxruntime`",
-            detail: String::from_utf8_lossy(&o.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-                .into(),
-        });
+        .map_err(|e| missing(format!("running python3: {e}")))?;
+    let out: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .collect();
+    if !o.status.success() || out.len() != lines {
+        let err = String::from_utf8_lossy(&o.stderr);
+        return Err(missing(err.lines().last().unwrap_or("").into()));
     }
-    Ok(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+    Ok(out)
 }
 
 /// QNN contexts the QNN EP reported loading (counted only with HEXQ_COUNT_QNN_CONTEXTS set).
@@ -124,31 +136,13 @@ pub fn find_qnn() -> Result<QnnLibs> {
             htp: b.into(),
         });
     }
-    let o = std::process::Command::new("python3")
-        .args(["-c", "import onnxruntime_qnn as q; print(q.EP_NAME); print(q.get_library_path()); print(q.get_qnn_htp_path())"])
-        .output()
-        .map_err(|e| Error::Missing {
-            tool: "the QNN HTP backend",
-            hint: "`pip install onnxruntime-qnn` (or set HEXQ_QNN_EP_LIB and HEXQ_QNN_BACKEND)",
-            detail: format!("running python3: {e}"),
-        })?;
-    let out = String::from_utf8_lossy(&o.stdout).to_string();
-    let l: Vec<&str> = out.lines().collect();
-    if !o.status.success() || l.len() != 3 {
-        return Err(Error::Missing {
-            tool: "the QNN HTP backend",
-            hint: "`pip install onnxruntime-qnn` (or set HEXQ_QNN_EP_LIB and HEXQ_QNN_BACKEND)",
-            detail: String::from_utf8_lossy(&o.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-                .into(),
-        });
-    }
+    let script = "import onnxruntime_qnn as q; print(q.EP_NAME); print(q.get_library_path()); print(q.get_qnn_htp_path())";
+    let hint = "`pip install onnxruntime-qnn` (or set HEXQ_QNN_EP_LIB and HEXQ_QNN_BACKEND)";
+    let l = python_probe(script, 3, "the QNN HTP backend", hint)?;
     Ok(QnnLibs {
-        ep_name: l[0].into(),
-        ep_lib: l[1].into(),
-        htp: l[2].into(),
+        ep_name: l[0].clone(),
+        ep_lib: (&l[1]).into(),
+        htp: (&l[2]).into(),
     })
 }
 

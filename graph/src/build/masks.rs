@@ -133,13 +133,8 @@ impl Ctx<'_> {
         let one = self.i(&format!("mask.{tag}.one"), 1);
         let zero_i = self.i(&format!("mask.{tag}.zero_i"), 0);
         let prev = self.n(Op::Sub, &[&p0, &one], &format!("mask.{tag}.prev"));
-        let d = self.n(
-            Op::Sub,
-            &[&prev, iota],
-            &format!("mask.{tag}.prev_minus_slot"),
-        );
-        let age = self.imod(&d, blen, &format!("mask.{tag}.past_age"));
-        let ppos = self.n(Op::Sub, &[&prev, &age], &format!("mask.{tag}.past_pos"));
+        let names = ["prev_minus_slot", "past_age", "past_pos"].map(|n| format!("mask.{tag}.{n}"));
+        let ppos = self.slot_position(&prev, iota, blen, &names);
         let pinv = self.n(
             Op::Less,
             &[&ppos, &zero_i],
@@ -199,6 +194,20 @@ impl Ctx<'_> {
         }
     }
 
+    /// The position ring slot i holds when `newest` is the last position written:
+    /// newest − ((newest − i) mod len) (negative: never written). `names`: the three nodes' names.
+    fn slot_position(
+        &mut self,
+        newest: &str,
+        iota: &str,
+        blen: &str,
+        names: &[String; 3],
+    ) -> String {
+        let d = self.n(Op::Sub, &[newest, iota], &names[0]);
+        let age = self.imod(&d, blen, &names[1]);
+        self.n(Op::Sub, &[newest, &age], &names[2])
+    }
+
     /// Ring write: slot i takes the newest chunk position ≡ i (mod len), if any:
     /// last = p0 + valid_len - 1; pos = last - ((last - i) mod len); j = pos - p0; new iff j >= 0.
     fn ring_write(&mut self, buf: &Buf, p0: &str, vl1: &str, zero_i: &str) -> (String, String) {
@@ -209,13 +218,8 @@ impl Ctx<'_> {
             blen,
         } = buf;
         let last = self.n(Op::Add, &[p0, vl1], &format!("kv.{tag}.last_pos"));
-        let d2 = self.n(
-            Op::Sub,
-            &[&last, iota],
-            &format!("kv.{tag}.last_minus_slot"),
-        );
-        let age2 = self.imod(&d2, blen, &format!("kv.{tag}.age"));
-        let npos = self.n(Op::Sub, &[&last, &age2], &format!("kv.{tag}.new_pos"));
+        let names = ["last_minus_slot", "age", "new_pos"].map(|n| format!("kv.{tag}.{n}"));
+        let npos = self.slot_position(&last, iota, blen, &names);
         let j = self.n(Op::Sub, &[&npos, p0], &format!("kv.{tag}.chunk_j"));
         let has = self.n(Op::Less, &[&j, zero_i], &format!("kv.{tag}.keeps_past"));
         let jc = self.n(
