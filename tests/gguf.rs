@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod common;
-use common::{hexq, judge, root};
+use common::{compare_logits, dequantized_checkpoint, hexq, judge, llama_build, root};
 
 fn gguf_py() -> bool {
     judge("gguf")
@@ -282,22 +282,6 @@ fn q4_0_q8_0_q6_k_blocks_equal_the_reference_quantizers() {
         .contains("non-finite"));
 }
 
-/// llama.cpp's build directory (with bin/llama-simple), from $LLAMA_CPP_BUILD (.ci/run builds it from the
-/// llama-cpp-python 0.3.36 sdist's vendored llama.cpp).
-fn llama_build() -> Option<PathBuf> {
-    match std::env::var("LLAMA_CPP_BUILD") {
-        Ok(d) if Path::new(&d).join("bin/llama-simple").exists() => Some(PathBuf::from(d)),
-        _ => {
-            assert!(
-                std::env::var("HEXQ_REQUIRE_JUDGES").is_err(),
-                "LLAMA_CPP_BUILD must point at a llama.cpp build with bin/llama-simple"
-            );
-            eprintln!("SKIP: LLAMA_CPP_BUILD not set (a llama.cpp build with bin/llama-simple)");
-            None
-        }
-    }
-}
-
 #[test]
 fn llama_cpp_loads_hexq_gguf_and_decodes_like_the_float_reference() {
     let Some(build) = llama_build() else { return };
@@ -361,89 +345,6 @@ fn llama_cpp_loads_hexq_gguf_and_decodes_like_the_float_reference() {
     }
 }
 
-/// A copy of `src` whose safetensors hold, in f32, exactly the values hexq's `q4_0 --pure` GGUF stores
-/// (q4_0-dequantized 2-D weights, f16-rounded fallbacks, f32 1-D): "hexq's dequantized-q4_0 reference".
-fn dequantized_checkpoint(src: &Path, dst: &Path) {
-    use hexq_export::gguf::{gguf_name, tensor_type, FileType};
-    use hexq_gguf::ggml::{self, GgmlType};
-    let ck = hexq_model::Checkpoint::open(src).unwrap();
-    std::fs::create_dir_all(dst).unwrap();
-    for f in std::fs::read_dir(src).unwrap() {
-        let f = f.unwrap();
-        if !f.file_name().to_string_lossy().ends_with(".safetensors") {
-            std::fs::copy(f.path(), dst.join(f.file_name())).unwrap();
-        }
-    }
-    let mut header = serde_json::Map::new();
-    let mut data: Vec<u8> = Vec::new();
-    for name in ck.store.names() {
-        let info = ck.store.get(name).unwrap();
-        let mut v = ck.store.to_f32(info);
-        if let Some(hf) = name.strip_prefix(ck.config.prefix.as_str()) {
-            if let Some(g) = gguf_name(hf) {
-                let ne: Vec<u64> = info.shape.iter().rev().map(|&d| d as u64).collect();
-                match tensor_type(FileType::Q4_0, &g, &ne, true, info.dtype) {
-                    GgmlType::Q4_0 => {
-                        v = ggml::dequantize_q4_0(
-                            &ggml::encode(GgmlType::Q4_0, &v, ne[0] as usize).unwrap(),
-                        )
-                    }
-                    GgmlType::F16 => v
-                        .iter_mut()
-                        .for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
-                    _ => {}
-                }
-            }
-        }
-        let start = data.len();
-        data.extend(v.iter().flat_map(|x| x.to_le_bytes()));
-        header.insert(name.to_string(), serde_json::json!({"dtype": "F32", "shape": info.shape, "data_offsets": [start, data.len()]}));
-    }
-    let mut h = serde_json::to_vec(&Value::Object(header)).unwrap();
-    while h.len() % 8 != 0 {
-        h.push(b' ');
-    }
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend(h);
-    out.extend(data);
-    std::fs::write(dst.join("model.safetensors"), out).unwrap();
-}
-
-/// (max |Δlogit| / max |logit|, top-1 equal, positions) of llama.cpp on `gguf` vs hexq's CPU reference on
-/// `ck`, every position of 4 short chat prompts (inside the 16-token sliding window).
-fn compare_logits(gguf: &Path, ck: &Path) -> (f64, usize, usize) {
-    use hexq_runtime::Backend;
-    let mut reference = hexq_runtime::CpuBackend::new(
-        hexq_model::Model::load(std::sync::Arc::new(
-            hexq_model::Checkpoint::open(ck).unwrap(),
-        ))
-        .unwrap(),
-    );
-    let mut llama = hexq_runtime::llama::LlamaBackend::open(gguf, 64, 1).unwrap();
-    let tok = hexq_model::chat::Tokenizer::from_dir(ck).unwrap();
-    let (mut worst, mut agree, mut n) = (0f64, 0, 0);
-    for prompt in ["Hi", "ok", "no", "yes"] {
-        let ids = tok
-            .encode_chat(&[hexq_model::chat::Message::user(prompt)])
-            .unwrap();
-        assert!(ids.len() <= 16);
-        reference.reset();
-        llama.reset();
-        for &id in &ids {
-            let (a, b) = (reference.feed(&[id]).unwrap(), llama.feed(&[id]).unwrap());
-            let m = a.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
-            let e = a
-                .iter()
-                .zip(&b)
-                .fold(0f32, |m, (x, y)| m.max((x - y).abs())) as f64;
-            worst = worst.max(e / m);
-            agree += (hexq_model::forward::argmax(&a) == hexq_model::forward::argmax(&b)) as usize;
-            n += 1;
-        }
-    }
-    (worst, agree, n)
-}
-
 #[test]
 fn llama_cpp_q4_0_logits_stay_near_hexq_dequantized_reference() {
     let Some(_) = llama_build() else { return };
@@ -469,8 +370,10 @@ fn llama_cpp_q4_0_logits_stay_near_hexq_dequantized_reference() {
     dequantized_checkpoint(&src, &deq);
     // Control: the f16 GGUF (f16 weights are exact for this bf16 checkpoint's range) vs the float reference —
     // llama.cpp's f16 matmuls round the activations to f16.
-    let (w16, a16, n16) = compare_logits(&f16, &src);
-    let (w4, a4, n4) = compare_logits(&q4, &deq);
+    // Four short chat prompts, inside the fixture's 16-token sliding window.
+    let prompts = ["Hi", "ok", "no", "yes"];
+    let (w16, a16, n16) = compare_logits(&f16, &src, &prompts, 64);
+    let (w4, a4, n4) = compare_logits(&q4, &deq, &prompts, 64);
     eprintln!("llama.cpp vs hexq: f16 {w16:.4} ({a16}/{n16} top-1), q4_0 vs dequantized reference {w4:.4} ({a4}/{n4} top-1)");
     // llama.cpp's CPU q4_0 matmul quantizes every activation row to q8_0 (ggml_vec_dot_q4_0_q8_0: 8 bits per
     // block of 32, up to 1/254 relative per element), which the random fixture amplifies through 10 layers:

@@ -1,5 +1,5 @@
 //! hexq-import: a GGUF into a Hugging Face-layout checkpoint every other stage reads — `config.json`,
-//! `model.safetensors` (f32, or bf16), `tokenizer.json` + `tokenizer_config.json` + `chat_template.jinja`,
+//! `model.safetensors` (f32, or bf16), `tokenizer.json` + `tokenizer_config.json` + `chat_template.jinja` + `tokenizer.model`,
 //! and `manifest.json` (the source's and every file's SHA256).
 //!
 //! Weights are dequantized as gguf-py does ([`hexq_gguf::dequant`]), renamed through the tensor table
@@ -92,14 +92,23 @@ pub fn import(src: &Path, dir: &Path, dtype: OutDType, progress: &dyn Fn(u64)) -
     let mut files = vec![write(
         dir,
         "config.json",
-        &(serde_json::to_string_pretty(&cfg).expect("JSON") + "\n"),
+        (serde_json::to_string_pretty(&cfg).expect("JSON") + "\n").as_bytes(),
     )?];
     let plan = plan(&g)?;
     files.push(weights(&g, &plan, dir, dtype, progress)?);
-    let (tj, tc, tmpl) = tokenizer::files(&g)?;
-    files.push(write(dir, "tokenizer.json", &tj)?);
-    files.push(write(dir, "tokenizer_config.json", &tc)?);
-    files.push(write(dir, "chat_template.jinja", &tmpl)?);
+    let t = tokenizer::files(&g)?;
+    files.push(write(dir, "tokenizer.json", t.tokenizer_json.as_bytes())?);
+    files.push(write(
+        dir,
+        "tokenizer_config.json",
+        t.tokenizer_config.as_bytes(),
+    )?);
+    files.push(write(
+        dir,
+        "chat_template.jinja",
+        t.chat_template.as_bytes(),
+    )?);
+    files.push(write(dir, "tokenizer.model", &t.spm)?);
     let source = hexq_fsutil::sha256_file_cached(src)?;
     let m = serde_json::json!({
         "hexq_version": env!("CARGO_PKG_VERSION"),
@@ -111,7 +120,7 @@ pub fn import(src: &Path, dir: &Path, dtype: OutDType, progress: &dyn Fn(u64)) -
     write(
         dir,
         "manifest.json",
-        &(serde_json::to_string_pretty(&m).expect("JSON") + "\n"),
+        (serde_json::to_string_pretty(&m).expect("JSON") + "\n").as_bytes(),
     )?;
     Ok(Report {
         arch,
@@ -178,13 +187,13 @@ fn weights(
     Ok(("model.safetensors".into(), bytes, sha))
 }
 
-fn write(dir: &Path, name: &str, text: &str) -> Result<(String, u64, String)> {
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> Result<(String, u64, String)> {
     use sha2::{Digest, Sha256};
     let p: PathBuf = dir.join(name);
-    std::fs::write(&p, text).map_err(|e| hexq_model::Error::io(&p, e))?;
+    std::fs::write(&p, bytes).map_err(|e| hexq_model::Error::io(&p, e))?;
     Ok((
         name.into(),
-        text.len() as u64,
-        format!("{:x}", Sha256::digest(text.as_bytes())),
+        bytes.len() as u64,
+        format!("{:x}", Sha256::digest(bytes)),
     ))
 }

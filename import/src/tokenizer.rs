@@ -1,9 +1,12 @@
-//! tokenizer.json, tokenizer_config.json and the chat template from a GGUF's SentencePiece vocabulary, built
+//! tokenizer.json, tokenizer_config.json, the chat template and tokenizer.model from a GGUF's SentencePiece
+//! vocabulary. tokenizer.json is built
 //! the way transformers' GGUF loader builds Gemma's (`gguf_tokenizer_mapping.gemma_tokenizer` +
 //! `generate_merges` + `add_gguf_special_tokens`, transformers 5.24): a byte-fallback BPE whose merges are
 //! recovered from the vocabulary, best-first in file order; spaces-only tokens respelled with "▁"; control
 //! tokens added as special, user-defined ones as plain added tokens. Judged by token ids equal to
-//! transformers' tokenizer loaded from the same GGUF (tests/import.rs).
+//! transformers' tokenizer loaded from the same GGUF (tests/import.rs). tokenizer.model carries the pieces,
+//! scores and types as the Gemma repos' SentencePiece model does, and tokenizer_config.json the
+//! `added_tokens_decoder`, so llama.cpp's converter rebuilds the GGUF's vocabulary from the import.
 
 use crate::{Error, Result};
 use hexq_gguf::{GgufFile, Value};
@@ -67,8 +70,16 @@ fn added(id: usize, content: &str, special: bool) -> serde_json::Value {
            "normalized": false, "special": special})
 }
 
-/// (tokenizer.json, tokenizer_config.json, chat template) for a GGUF with a `llama` (SentencePiece) vocabulary.
-pub fn files(g: &GgufFile) -> Result<(String, String, String)> {
+pub struct Files {
+    pub tokenizer_json: String,
+    pub tokenizer_config: String,
+    pub chat_template: String,
+    /// tokenizer.model (SentencePiece ModelProto bytes).
+    pub spm: Vec<u8>,
+}
+
+/// The tokenizer files for a GGUF with a `llama` (SentencePiece) vocabulary.
+pub fn files(g: &GgufFile) -> Result<Files> {
     let model = g
         .get("tokenizer.ggml.model")
         .and_then(Value::as_str)
@@ -157,8 +168,16 @@ pub fn files(g: &GgufFile) -> Result<(String, String, String)> {
                   "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
                   "vocab": vmap, "merges": merges},
     });
+    let decoder: serde_json::Map<_, _> = special
+        .iter()
+        .map(|&(i, s)| {
+            let mut a = added(i, &tokens[i], s);
+            a.as_object_mut().unwrap().remove("id");
+            (i.to_string(), a)
+        })
+        .collect();
     let tc = json!({
-        "backend": "tokenizers", "tokenizer_class": "GemmaTokenizer",
+        "backend": "tokenizers", "tokenizer_class": "GemmaTokenizer", "added_tokens_decoder": decoder,
         "bos_token": bos, "eos_token": eos, "unk_token": unk, "pad_token": pad, "mask_token": "<mask>",
         "add_bos_token": add_bos, "add_eos_token": false,
         "chat_template": GEMMA3_CHAT_TEMPLATE,
@@ -168,5 +187,33 @@ pub fn files(g: &GgufFile) -> Result<(String, String, String)> {
             .map(|s| s + "\n")
             .expect("JSON")
     };
-    Ok((text(&tj), text(&tc), GEMMA3_CHAT_TEMPLATE.to_string()))
+    let scores: Vec<f32> = match g.get("tokenizer.ggml.scores").and_then(Value::as_array) {
+        Some(a) => a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect(),
+        None => vec![0.0; tokens.len()],
+    };
+    let unk_id = id_of("unknown_token_id", 3);
+    let pieces = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let ty = match i == unk_id {
+                true => hexq_model::spm::piece_type::UNKNOWN,
+                false => types[i] as i32,
+            };
+            (t.clone(), scores.get(i).copied().unwrap_or(0.0), ty)
+        })
+        .collect();
+    let ids = [
+        unk_id,
+        id_of("bos_token_id", 2),
+        id_of("eos_token_id", 1),
+        id_of("padding_token_id", 0),
+    ];
+    let spm = hexq_model::spm::ModelProto::gemma(pieces, ids.map(|i| i as i32));
+    Ok(Files {
+        tokenizer_json: text(&tj),
+        tokenizer_config: text(&tc),
+        chat_template: GEMMA3_CHAT_TEMPLATE.to_string(),
+        spm: spm.to_bytes(),
+    })
 }

@@ -4,7 +4,7 @@
 //! - [`names`]: the tensor table (names, shapes, roles);
 //! - [`weights`] / [`checkpoint`]: memory-mapped safetensors, lazily read, validated at open;
 //! - [`forward`]: the exact f32 reference forward (candle), split host/device;
-//! - [`chat`]: tokenizer and chat template;
+//! - [`chat`]: tokenizer and chat template; [`spm`]: SentencePiece's `tokenizer.model`;
 //! - [`synth`]: random-weight checkpoints at any config (full-size benchmarks without the real weights).
 
 pub mod chat;
@@ -14,6 +14,7 @@ pub mod error;
 pub mod forward;
 pub mod hostmodel;
 pub mod names;
+pub mod spm;
 pub mod synth;
 pub mod weights;
 

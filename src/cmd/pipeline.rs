@@ -342,12 +342,20 @@ fn qdq_runs(a: &Args, s: &mut Stages) {
 /// GGUF q4_0 (--pure, the published 4-bit mix) and f16; the weight-grid ablation.
 fn host_formats(a: &Args, s: &mut Stages) {
     let m = &a.model;
-    // GGUF output is written for Gemma-4 only (issue 16 leaves gemma3 GGUF output open).
-    let arch = super::model_dir(m.clone())
-        .and_then(|d| Ok(hexq_model::ModelConfig::from_file(&d.join("config.json"))?.arch))
-        .ok();
-    let no_gguf = (arch != Some(hexq_model::config::Arch::Gemma4))
-        .then(|| format!("GGUF output is written for gemma4 only, this model is {arch:?}"));
+    // llama.cpp's gemma3 vocabulary comes from SentencePiece's tokenizer.model (the tiny Gemma-3 fixture
+    // borrows Gemma-4's BPE tokenizer and has none).
+    let dir = super::model_dir(m.clone()).ok();
+    let arch = dir
+        .as_ref()
+        .and_then(|d| hexq_model::ModelConfig::from_file(&d.join("config.json")).ok())
+        .map(|c| c.arch);
+    let spm = dir
+        .as_ref()
+        .is_some_and(|d| d.join("tokenizer.model").is_file());
+    let no_gguf = (arch == Some(hexq_model::config::Arch::Gemma3) && !spm).then(|| {
+        "llama.cpp's gemma3 vocabulary is read from tokenizer.model, which this model lacks"
+            .to_string()
+    });
     for (name, ty, pure, file) in [
         (
             "gguf q4_0 --pure",

@@ -128,7 +128,8 @@ pub fn trained_gemma3() -> Option<(PathBuf, PathBuf)> {
     );
     let sha = String::from_utf8_lossy(&o.stdout).trim().to_string();
     let dir = cache.join(format!("hf-{}", &sha[..12.min(sha.len())]));
-    if !dir.join("manifest.json").exists() {
+    // Re-imported when an older hexq made it (tokenizer.model came with the gemma3 GGUF writer).
+    if !dir.join("manifest.json").exists() || !dir.join("tokenizer.model").exists() {
         hexq_ok(&[
             "import",
             "--gguf",
@@ -139,4 +140,108 @@ pub fn trained_gemma3() -> Option<(PathBuf, PathBuf)> {
         ]);
     }
     Some((gguf, dir))
+}
+
+/// llama.cpp's build directory (with bin/llama-simple), from $LLAMA_CPP_BUILD (.ci/run builds it from the
+/// llama-cpp-python 0.3.36 sdist's vendored llama.cpp).
+pub fn llama_build() -> Option<PathBuf> {
+    match std::env::var("LLAMA_CPP_BUILD") {
+        Ok(d) if Path::new(&d).join("bin/llama-simple").exists() => Some(PathBuf::from(d)),
+        _ => {
+            assert!(
+                std::env::var("HEXQ_REQUIRE_JUDGES").is_err(),
+                "LLAMA_CPP_BUILD must point at a llama.cpp build with bin/llama-simple"
+            );
+            eprintln!("SKIP: LLAMA_CPP_BUILD not set (a llama.cpp build with bin/llama-simple)");
+            None
+        }
+    }
+}
+
+/// A copy of `src` whose safetensors hold, in f32, exactly the values hexq's `q4_0 --pure` GGUF stores
+/// (q4_0-dequantized 2-D weights, f16-rounded fallbacks, f32 1-D): "hexq's dequantized-q4_0 reference".
+pub fn dequantized_checkpoint(src: &Path, dst: &Path) {
+    use hexq_export::gguf::{gguf_name, tensor_type, FileType};
+    use hexq_gguf::ggml::{self, GgmlType};
+    let ck = hexq_model::Checkpoint::open(src).unwrap();
+    std::fs::create_dir_all(dst).unwrap();
+    for f in std::fs::read_dir(src).unwrap() {
+        let f = f.unwrap();
+        if !f.file_name().to_string_lossy().ends_with(".safetensors") {
+            std::fs::copy(f.path(), dst.join(f.file_name())).unwrap();
+        }
+    }
+    let mut header = serde_json::Map::new();
+    let mut data: Vec<u8> = Vec::new();
+    for name in ck.store.names() {
+        let info = ck.store.get(name).unwrap();
+        let mut v = ck.store.to_f32(info);
+        if let Some(hf) = name.strip_prefix(ck.config.prefix.as_str()) {
+            if let Some(g) = gguf_name(hf) {
+                let ne: Vec<u64> = info.shape.iter().rev().map(|&d| d as u64).collect();
+                match tensor_type(FileType::Q4_0, &g, &ne, true, info.dtype) {
+                    GgmlType::Q4_0 => {
+                        v = ggml::dequantize_q4_0(
+                            &ggml::encode(GgmlType::Q4_0, &v, ne[0] as usize).unwrap(),
+                        )
+                    }
+                    GgmlType::F16 => v
+                        .iter_mut()
+                        .for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+                    _ => {}
+                }
+            }
+        }
+        let start = data.len();
+        data.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        header.insert(name.to_string(), serde_json::json!({"dtype": "F32", "shape": info.shape, "data_offsets": [start, data.len()]}));
+    }
+    let mut h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(data);
+    std::fs::write(dst.join("model.safetensors"), out).unwrap();
+}
+
+/// (max |Δlogit| / max |logit|, top-1 equal, positions) of llama.cpp on `gguf` vs hexq's CPU reference on
+/// `ck`, every position of each chat-formatted prompt.
+pub fn compare_logits(
+    gguf: &Path,
+    ck: &Path,
+    prompts: &[&str],
+    n_ctx: usize,
+) -> (f64, usize, usize) {
+    use hexq_runtime::Backend;
+    let mut reference = hexq_runtime::CpuBackend::new(
+        hexq_model::Model::load(std::sync::Arc::new(
+            hexq_model::Checkpoint::open(ck).unwrap(),
+        ))
+        .unwrap(),
+    );
+    let mut llama = hexq_runtime::llama::LlamaBackend::open(gguf, n_ctx, 1).unwrap();
+    let tok = hexq_model::chat::Tokenizer::from_dir(ck).unwrap();
+    let (mut worst, mut agree, mut n) = (0f64, 0, 0);
+    for prompt in prompts {
+        let ids = tok
+            .encode_chat(&[hexq_model::chat::Message::user(prompt)])
+            .unwrap();
+        assert!(ids.len() <= n_ctx);
+        reference.reset();
+        llama.reset();
+        for &id in &ids {
+            let (a, b) = (reference.feed(&[id]).unwrap(), llama.feed(&[id]).unwrap());
+            let m = a.iter().fold(0f32, |m, x| m.max(x.abs())) as f64;
+            let e = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs())) as f64;
+            worst = worst.max(e / m);
+            agree += (hexq_model::forward::argmax(&a) == hexq_model::forward::argmax(&b)) as usize;
+            n += 1;
+        }
+    }
+    (worst, agree, n)
 }

@@ -7,7 +7,10 @@
 //! gguf-py 0.19). Why our own writer: candle's `gguf_file::write` needs every tensor in memory, and gguf-rs
 //! only reads.
 
+mod vocab;
+
 use hexq_gguf::ggml::{self, GgmlType};
+use hexq_model::config::Arch;
 use hexq_model::{Checkpoint, Error, Result};
 use std::io::Write;
 use std::path::Path;
@@ -126,6 +129,16 @@ pub struct Plan {
     /// ggml order (ne0 = the contiguous dimension first).
     pub ne: Vec<u64>,
     pub ty: GgmlType,
+    /// Added to every value before encoding (Gemma-3 norms: 1).
+    pub shift: f32,
+}
+
+/// general.architecture / the key prefix.
+pub fn arch_name(a: Arch) -> &'static str {
+    match a {
+        Arch::Gemma4 => "gemma4",
+        Arch::Gemma3 => "gemma3",
+    }
 }
 
 /// Per-tensor types, as the converter (+ llama-quantize for Q4_0) choose them:
@@ -178,25 +191,55 @@ pub fn tensor_type(
 }
 
 fn title(s: &str) -> String {
-    // gguf-py Metadata.id_to_title: '-' → ' ', lowercase words title-cased unless versions/numbers.
+    // gguf-py Metadata.id_to_title: '-' → ' ', each all-lowercase word through Python's str.title()
+    // (a letter is capitalized when the character before it is not a letter: "g3b" → "G3B"), except
+    // versions (v1.2) and words starting with a digit.
+    let version = |w: &str| {
+        w.starts_with(|c: char| c.is_ascii_digit())
+            || w.strip_prefix('v').is_some_and(|r| {
+                r.split('.')
+                    .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+            })
+    };
+    let lower = |w: &str| {
+        w.chars().any(char::is_alphabetic)
+            && w.chars().all(|c| !c.is_alphabetic() || c.is_lowercase())
+    };
+    let py_title = |w: &str| {
+        let mut prev = false;
+        w.chars()
+            .flat_map(|c| {
+                let out: Vec<char> = match prev {
+                    true => c.to_lowercase().collect(),
+                    false => c.to_uppercase().collect(),
+                };
+                prev = c.is_alphabetic();
+                out
+            })
+            .collect::<String>()
+    };
     s.replace('-', " ")
         .split_whitespace()
-        .map(|w| {
-            let lower = w.chars().all(|c| !c.is_alphabetic() || c.is_lowercase());
-            let versionish = w.starts_with(|c: char| c.is_ascii_digit())
-                || (w.starts_with('v')
-                    && w[1..].chars().all(|c| c.is_ascii_digit() || c == '.')
-                    && w.len() > 1);
-            if lower && !versionish {
-                let mut c = w.chars();
-                let f = c.next().unwrap();
-                f.to_uppercase().collect::<String>() + &c.as_str().to_lowercase()
-            } else {
-                w.to_string()
-            }
+        .map(|w| match lower(w) && !version(w) {
+            true => py_title(w),
+            false => w.to_string(),
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[test]
+fn title_is_gguf_py_id_to_title() {
+    // Values from Python: Metadata.id_to_title(s) for each.
+    for (s, want) in [
+        ("g3b", "G3B"),
+        ("tiny-gemma4-bf16", "Tiny Gemma4 Bf16"),
+        ("hf-a5fd3b62230a", "Hf A5Fd3B62230A"),
+        ("gemma-3-270m", "Gemma 3 270m"),
+        ("model-v1.2-GGUF", "Model v1.2 GGUF"),
+    ] {
+        assert_eq!(title(s), want, "{s}");
+    }
 }
 
 fn rounded_notation(n: u64) -> String {
@@ -217,171 +260,21 @@ fn rounded_notation(n: u64) -> String {
     format!("{v:.fix$}{s}")
 }
 
-/// The tokenizer keys, as gguf.LlamaHfVocab + SpecialVocab produce them from tokenizer.json.
-fn tokenizer_keys(ck: &Checkpoint, kv: &mut Vec<(String, Val)>) -> Result<()> {
-    let p = ck.dir.join("tokenizer.json");
-    let t: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?)
-            .map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))?;
-    let model = &t["model"];
-    if model["type"] != "BPE" {
-        return Err(Error::file(
-            &p,
-            "llama.cpp's gemma4 tokenizer needs a BPE tokenizer.json",
-        ));
-    }
-    let vocab = model["vocab"]
-        .as_object()
-        .ok_or_else(|| Error::file(&p, "model.vocab missing"))?;
-    let mut toks: Vec<(u64, String)> = vocab
-        .iter()
-        .map(|(k, v)| (v.as_u64().unwrap_or(0), k.clone()))
-        .collect();
-    let mut specials = std::collections::HashMap::new();
-    for a in t["added_tokens"].as_array().into_iter().flatten() {
-        let id = a["id"].as_u64().unwrap_or(0);
-        let c = a["content"].as_str().unwrap_or("").to_string();
-        specials.insert(id, a["special"].as_bool().unwrap_or(false));
-        if !toks.iter().any(|(i, _)| *i == id) {
-            toks.push((id, c));
-        }
-    }
-    toks.sort();
-    let n = toks.len();
-    if toks.iter().enumerate().any(|(k, (i, _))| *i as usize != k) {
-        return Err(Error::file(&p, "token ids are not contiguous"));
-    }
-    if n != ck.config.vocab_size {
-        return Err(Error::file(
-            &p,
-            format!("{n} tokens, config vocab_size {}", ck.config.vocab_size),
-        ));
-    }
-    let visible = [
-        "<|channel>",
-        "<channel|>",
-        "<|tool_call>",
-        "<tool_call|>",
-        "<|tool_response>",
-        "<tool_response|>",
-        "<|\"|>",
-    ];
-    let types: Vec<i32> = toks
-        .iter()
-        .map(|(i, s)| {
-            if visible.contains(&s.as_str()) {
-                4 // USER_DEFINED
-            } else if let Some(&sp) = specials.get(i) {
-                if sp {
-                    3
-                } else {
-                    4
-                } // CONTROL / USER_DEFINED
-            } else if s.len() == 6 && s.starts_with("<0x") && s.ends_with('>') {
-                6 // BYTE
-            } else {
-                1 // NORMAL
-            }
-        })
-        .collect();
-    kv.push(("tokenizer.ggml.model".into(), Val::Str("gemma4".into())));
-    kv.push((
-        "tokenizer.ggml.tokens".into(),
-        Val::ArrStr(toks.into_iter().map(|(_, s)| s).collect()),
-    ));
-    kv.push((
-        "tokenizer.ggml.scores".into(),
-        Val::ArrF32(vec![-1000.0; n]),
-    ));
-    kv.push(("tokenizer.ggml.token_type".into(), Val::ArrI32(types)));
-    let merges: Vec<String> = model["merges"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|m| match m {
-            serde_json::Value::Array(a) => a
-                .iter()
-                .map(|x| x.as_str().unwrap_or(""))
-                .collect::<Vec<_>>()
-                .join(" "),
-            v => v.as_str().unwrap_or("").to_string(),
-        })
-        .collect();
-    kv.push(("tokenizer.ggml.merges".into(), Val::ArrStr(merges)));
-    // Special ids: tokenizer_config.json's tokens, resolved in the vocabulary (SpecialVocab).
-    let tc_path = ck.dir.join("tokenizer_config.json");
-    let tc: serde_json::Value = std::fs::read_to_string(&tc_path)
-        .ok()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or_default();
-    let lookup = |key: &str| -> Option<u32> {
-        let s = tc[key].as_str().or_else(|| tc[key]["content"].as_str())?;
-        vocab
-            .get(s)
-            .and_then(|v| v.as_u64())
-            .map(|v| v as u32)
-            .or_else(|| {
-                t["added_tokens"]
-                    .as_array()?
-                    .iter()
-                    .find(|a| a["content"] == s)
-                    .and_then(|a| a["id"].as_u64())
-                    .map(|v| v as u32)
-            })
-    };
-    for (k, name) in [
-        ("bos_token", "bos"),
-        ("eos_token", "eos"),
-        ("unk_token", "unknown"),
-        ("pad_token", "padding"),
-        ("mask_token", "mask"),
-    ] {
-        if let Some(id) = lookup(k) {
-            kv.push((format!("tokenizer.ggml.{name}_token_id"), Val::U32(id)));
-        }
-    }
-    let tmpl = ck.dir.join("chat_template.jinja");
-    let template = if tmpl.exists() {
-        Some(std::fs::read_to_string(&tmpl).map_err(|e| Error::io(&tmpl, e))?)
-    } else {
-        tc["chat_template"].as_str().map(|s| s.to_string())
-    };
-    if let Some(s) = template {
-        kv.push(("tokenizer.chat_template".into(), Val::Str(s)));
-    }
-    kv.push(("tokenizer.ggml.add_space_prefix".into(), Val::Bool(false)));
-    kv.push(("tokenizer.ggml.add_bos_token".into(), Val::Bool(true)));
-    Ok(())
-}
-
 /// Every tensor written, in the converter's order: rope_freqs, then the checkpoint's text tensors in
 /// safetensors (sorted) order.
 pub fn plan(ck: &Checkpoint, ft: FileType, pure: bool) -> Result<Vec<Plan>> {
     let cfg = &ck.config;
-    if cfg.arch != hexq_model::config::Arch::Gemma4 {
-        let m = format!(
-            "GGUF output is written for gemma4 only; this checkpoint is {:?}",
-            cfg.arch
-        );
-        return Err(Error::config(&ck.dir.join("config.json"), "model_type", m));
-    }
     let full = cfg.layers.iter().find(|l| l.window.is_none());
     let mut out = Vec::new();
-    if let Some(l) = full {
-        let r = &cfg.rope["full_attention"];
-        let _ = r;
+    if let (Some(l), Arch::Gemma4) = (full, cfg.arch) {
         out.push(Plan {
             name: "rope_freqs.weight".into(),
             hf: None,
             ne: vec![(l.head_dim / 2) as u64],
             ty: GgmlType::F32,
+            shift: 0.0,
         });
     }
-    let _roles: std::collections::HashMap<&str, hexq_model::names::Role> = ck
-        .tensors
-        .iter()
-        .map(|(s, _)| (s.name.as_str(), s.role))
-        .collect();
     for full_name in ck.store.names() {
         let Some(hf) = full_name.strip_prefix(cfg.prefix.as_str()) else {
             continue;
@@ -390,11 +283,17 @@ pub fn plan(ck: &Checkpoint, ft: FileType, pure: bool) -> Result<Vec<Plan>> {
         let info = ck.store.get(full_name).unwrap();
         let ne: Vec<u64> = info.shape.iter().rev().map(|&d| d as u64).collect();
         let ty = tensor_type(ft, &g, &ne, pure, info.dtype);
+        // Gemma-3's RMSNorm scales by 1 + w; its converter stores 1 + w (norm_shift).
+        let shift = match cfg.arch == Arch::Gemma3 && hf.ends_with("norm.weight") {
+            true => 1.0,
+            false => 0.0,
+        };
         out.push(Plan {
             name: g,
             hf: Some(hf.to_string()),
             ne,
             ty,
+            shift,
         });
     }
     if ft == FileType::Q4_0 {
@@ -413,22 +312,49 @@ pub fn plan(ck: &Checkpoint, ft: FileType, pure: bool) -> Result<Vec<Plan>> {
 /// The metadata keys in the converter's order.
 pub fn metadata(ck: &Checkpoint, ft: FileType, plan: &[Plan]) -> Result<Vec<(String, Val)>> {
     let c = &ck.config;
-    let raw = &c.raw_text;
     let mut kv: Vec<(String, Val)> = Vec::new();
-    let a = |k: &str| format!("gemma4.{k}");
     let dir_name = ck.dir.canonicalize().unwrap_or(ck.dir.clone());
     let dir_name = dir_name
         .file_name()
         .map(|s| s.to_string_lossy().to_string())
         .unwrap_or_default();
     let total: u64 = plan.iter().map(|p| p.ne.iter().product::<u64>()).sum();
-    kv.push(("general.architecture".into(), Val::Str("gemma4".into())));
+    kv.push((
+        "general.architecture".into(),
+        Val::Str(arch_name(c.arch).into()),
+    ));
     kv.push(("general.type".into(), Val::Str("model".into())));
     kv.push(("general.name".into(), Val::Str(title(&dir_name))));
     kv.push((
         "general.size_label".into(),
         Val::Str(rounded_notation(total)),
     ));
+    match c.arch {
+        Arch::Gemma4 => gemma4_params(c, ft, &mut kv),
+        Arch::Gemma3 => gemma3_params(c, ft, &mut kv),
+    }
+    kv.push(("general.quantization_version".into(), Val::U32(2)));
+    match c.arch {
+        Arch::Gemma4 => vocab::gemma4(ck, &mut kv)?,
+        Arch::Gemma3 => vocab::gemma3(ck, &mut kv)?,
+    }
+    if ft == FileType::Q4_0 {
+        // llama-quantize re-sets these two, which moves them to the end.
+        let mut moved = Vec::new();
+        for k in ["general.quantization_version", "general.file_type"] {
+            if let Some(i) = kv.iter().position(|(n, _)| n == k) {
+                moved.push(kv.remove(i));
+            }
+        }
+        kv.extend(moved);
+    }
+    Ok(kv)
+}
+
+/// `gemma4.*` as conversion/gemma.py::Gemma4Model sets them.
+fn gemma4_params(c: &hexq_model::ModelConfig, ft: FileType, kv: &mut Vec<(String, Val)>) {
+    let raw = &c.raw_text;
+    let a = |k: &str| format!("gemma4.{k}");
     kv.push((a("block_count"), Val::U32(c.num_layers as u32)));
     kv.push((
         a("context_length"),
@@ -519,19 +445,61 @@ pub fn metadata(ck: &Checkpoint, ft: FileType, plan: &[Plan]) -> Result<Vec<(Str
         a("rope.dimension_count_swa"),
         Val::U32((hd_swa as f64 * prf_swa) as u32),
     ));
-    kv.push(("general.quantization_version".into(), Val::U32(2)));
-    tokenizer_keys(ck, &mut kv)?;
-    if ft == FileType::Q4_0 {
-        // llama-quantize re-sets these two, which moves them to the end.
-        let mut moved = Vec::new();
-        for k in ["general.quantization_version", "general.file_type"] {
-            if let Some(i) = kv.iter().position(|(n, _)| n == k) {
-                moved.push(kv.remove(i));
-            }
-        }
-        kv.extend(moved);
+}
+
+/// `gemma3.*` as conversion/gemma.py::Gemma3Model sets them (TextModel's keys, then its own): RoPE scaling
+/// of the full layers when linear, both RoPE bases, the window unless every layer is global.
+fn gemma3_params(c: &hexq_model::ModelConfig, ft: FileType, kv: &mut Vec<(String, Val)>) {
+    let raw = &c.raw_text;
+    let a = |k: &str| format!("gemma3.{k}");
+    kv.push((a("block_count"), Val::U32(c.num_layers as u32)));
+    kv.push((
+        a("context_length"),
+        Val::U32(c.max_position_embeddings as u32),
+    ));
+    kv.push((a("embedding_length"), Val::U32(c.hidden_size as u32)));
+    kv.push((
+        a("feed_forward_length"),
+        Val::U32(c.intermediate_size as u32),
+    ));
+    kv.push((a("attention.head_count"), Val::U32(c.num_heads as u32)));
+    kv.push((
+        a("attention.head_count_kv"),
+        Val::U32(c.layers[0].num_kv_heads as u32),
+    ));
+    let full = c.rope.get("full_attention");
+    if let Some(r) = full.filter(|r| r.rope_type == "linear") {
+        kv.push((a("rope.scaling.type"), Val::Str("linear".into())));
+        kv.push((a("rope.scaling.factor"), Val::F32(r.factor as f32)));
     }
-    Ok(kv)
+    if let Some(r) = full {
+        kv.push((a("rope.freq_base"), Val::F32(r.theta as f32)));
+    }
+    if let Some(r) = c.rope.get("sliding_attention") {
+        kv.push((a("rope.freq_base_swa"), Val::F32(r.theta as f32)));
+    }
+    kv.push((
+        a("attention.layer_norm_rms_epsilon"),
+        Val::F32(c.rms_norm_eps as f32),
+    ));
+    kv.push((
+        a("attention.key_length"),
+        Val::U32(c.layers[0].head_dim as u32),
+    ));
+    kv.push((
+        a("attention.value_length"),
+        Val::U32(c.layers[0].head_dim as u32),
+    ));
+    kv.push(("general.file_type".into(), Val::U32(ft.id())));
+    if let Some(s) = c.final_logit_softcapping {
+        kv.push((a("final_logit_softcapping"), Val::F32(s as f32)));
+    }
+    if raw["sliding_window_pattern"].as_u64() != Some(1) {
+        kv.push((
+            a("attention.sliding_window"),
+            Val::U32(c.sliding_window as u32),
+        ));
+    }
 }
 
 /// Values of one planned tensor as f32 (checkpoint bytes, or the generated rope_freqs).
@@ -678,7 +646,21 @@ impl TensorWriter<'_> {
             c.chunks_exact(2)
                 .any(|h| (u16::from_le_bytes([h[0], h[1]]) & 0x7fff) > 0x7f80)
         };
-        if p.ty == ggml::GgmlType::BF16 && dt == DType::BF16 && !nan(chunk) {
+        if p.shift != 0.0 {
+            // In the source's precision when that is f16 (the converter adds in torch's dtype; bf16 is
+            // widened to f32 first).
+            let mut fbuf = std::mem::take(&mut self.fbuf);
+            hexq_model::weights::to_f32_into(chunk, dt, &mut fbuf);
+            for x in fbuf.iter_mut() {
+                *x += p.shift;
+                if dt == DType::F16 {
+                    *x = half::f16::from_f32(*x).to_f32();
+                }
+            }
+            let r = self.encode(p, &fbuf);
+            self.fbuf = fbuf;
+            r?;
+        } else if p.ty == ggml::GgmlType::BF16 && dt == DType::BF16 && !nan(chunk) {
             self.put(chunk)?;
         } else if p.ty.is_block() && dt == DType::BF16 {
             let mut obuf = std::mem::take(&mut self.obuf);
