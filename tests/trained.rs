@@ -444,3 +444,64 @@ fn llama_cpp_runs_hexq_q4_0_of_the_trained_model_like_the_dequantized_reference(
     assert!(w4 <= 0.08, "q4_0 relative logit error {w4}");
     assert!(a4 as f64 >= 0.9 * n4 as f64, "top-1 {a4}/{n4}");
 }
+
+/// The imported tokenizer.model is a real SentencePiece model: `sentencepiece` loads it and its ids equal
+/// transformers' on every corpus string without control-token text (SentencePiece never matches control
+/// pieces in raw text; transformers' added tokens do).
+#[test]
+fn sentencepiece_tokenizes_with_the_imported_tokenizer_model_as_transformers_does() {
+    if !common::judge("sentencepiece") {
+        return;
+    }
+    let Some((_, dir)) = common::trained_gemma3() else {
+        return;
+    };
+    let (g, _) = golden();
+    let cases: Vec<Value> = g["corpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            let t = c["text"].as_str().unwrap();
+            ![
+                "<bos>",
+                "<eos>",
+                "<pad>",
+                "<start_of_turn>",
+                "<end_of_turn>",
+                "<mask>",
+                "<unused",
+            ]
+            .iter()
+            .any(|s| t.contains(s))
+        })
+        .cloned()
+        .collect();
+    let py = r#"
+import json, sys, sentencepiece as sp
+p = sp.SentencePieceProcessor(); p.LoadFromFile(sys.argv[1])
+cases = json.load(sys.stdin)
+print(json.dumps([p.EncodeAsIds(c["text"]) for c in cases]))
+"#;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", py, dir.join("tokenizer.model").to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(serde_json::to_string(&cases).unwrap().as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success());
+    let got: Vec<Vec<u32>> = serde_json::from_slice(&o.stdout).unwrap();
+    for (c, ids_sp) in cases.iter().zip(&got) {
+        assert_eq!(ids_sp, &ids(&c["ids"]), "{:?}", c["text"]);
+    }
+    assert!(cases.len() > 100, "{} strings", cases.len());
+    eprintln!("sentencepiece = transformers on {} strings", cases.len());
+}
