@@ -12,6 +12,9 @@ use clap::{Parser, Subcommand};
     about = "Gemma-4 → Qualcomm Hexagon NPU: load, calibrate, quantize, export, compile, run, verify"
 )]
 struct Cli {
+    /// Open checkpoints whose weights hold NaN or inf (refused by default, naming the file and tensor).
+    #[arg(long, global = true)]
+    allow_nonfinite: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -58,7 +61,12 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
-    let res = match Cli::parse().cmd {
+    // Ctrl-C / SIGTERM: remove the temp outputs in flight, exit 130 / 143.
+    hexq_fsutil::signals::install();
+    let cli = Cli::parse();
+    hexq_model::checkpoint::ALLOW_NONFINITE
+        .store(cli.allow_nonfinite, std::sync::atomic::Ordering::Relaxed);
+    let res = match cli.cmd {
         Cmd::Inspect(a) => cmd::inspect::run(a),
         Cmd::Run(a) => cmd::run::run(a),
         Cmd::Graph(a) => cmd::graph::run(a),
@@ -74,7 +82,15 @@ fn main() {
         Cmd::Import(a) => cmd::import::run(a),
     };
     if let Err(e) = res {
-        eprintln!("error: {e:#}");
+        // The cause chain, each cause once (typed errors already spell their source: "file: os error").
+        let mut msg = e.to_string();
+        for c in e.chain().skip(1) {
+            let c = c.to_string();
+            if !msg.contains(&c) {
+                msg = format!("{msg}: {c}");
+            }
+        }
+        eprintln!("error: {msg}");
         std::process::exit(1);
     }
 }

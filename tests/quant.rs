@@ -212,7 +212,11 @@ fn guards_refuse_raw_text_noise_and_mask_constants() {
     // Forced, it runs, but the stats say so and quantize refuses them.
     ok(&calibrate(
         &out,
-        &["--dataset", "datasets/raw_text_sample.jsonl", "--force"],
+        &[
+            "--dataset",
+            "datasets/raw_text_sample.jsonl",
+            "--ignore-guards",
+        ],
         &[],
     ));
     let o = hexq(
@@ -366,7 +370,7 @@ fn encodings_match_aimet_within_one_lsb() {
         },
         decode_tokens: 2,
         limit: Some(4),
-        force: false,
+        ignore_guards: false,
         noise: false,
     };
     let pb = indicatif::ProgressBar::hidden();

@@ -44,11 +44,23 @@ pub fn load_dataset(path: &Path) -> Result<Vec<Record>> {
         }
         let r: Record = serde_json::from_str(line)
             .map_err(|e| Error::file(path, format!("line {}: {e}", i + 1)))?;
-        if r.messages.is_none() && r.text.is_none() {
-            return Err(Error::file(
-                path,
-                format!("line {} ({}): needs \"messages\" or \"text\"", i + 1, r.id),
-            ));
+        let at = |m: String| Error::file(path, format!("line {} ({}): {m}", i + 1, r.id));
+        match &r.messages {
+            None if r.text.is_none() => return Err(at("needs \"messages\" or \"text\"".into())),
+            Some(m) if m.is_empty() => return Err(at("\"messages\" is empty".into())),
+            Some(m) => {
+                // The roles Gemma's chat templates render.
+                if let Some(x) = m
+                    .iter()
+                    .find(|x| !["system", "user", "model", "assistant"].contains(&x.role.as_str()))
+                {
+                    return Err(at(format!(
+                        "role {:?} (expected system, user, model or assistant)",
+                        x.role
+                    )));
+                }
+            }
+            None => {}
         }
         out.push(r);
     }
@@ -149,7 +161,8 @@ pub struct Options {
     pub decode_tokens: usize,
     pub limit: Option<usize>,
     /// Accept raw-text records and inputs without the template tokens (the guards become warnings).
-    pub force: bool,
+    /// Turn the guards' refusals into warnings.
+    pub ignore_guards: bool,
     /// Replace the embeddings by N(0,1) noise (to demonstrate the failure mode; refused unless forced).
     pub noise: bool,
 }
@@ -167,14 +180,14 @@ pub fn model_hash(ck: &Checkpoint) -> Result<String> {
 }
 
 /// Warnings the guards raise; errors unless forced.
-fn guard(msgs: &mut Vec<String>, force: bool, msg: String) -> Result<()> {
-    if force {
-        eprintln!("WARNING: {msg} (continuing because of --force)");
+fn guard(msgs: &mut Vec<String>, ignore: bool, msg: String) -> Result<()> {
+    if ignore {
+        eprintln!("WARNING: {msg} (continuing because of --ignore-guards)");
         msgs.push(msg);
         Ok(())
     } else {
         Err(Error::Usage(format!(
-            "{msg}; refusing to calibrate (pass --force to override)"
+            "{msg}; refusing to calibrate (pass --ignore-guards to override)"
         )))
     }
 }
@@ -229,7 +242,7 @@ pub fn calibrate_with(
     let mut warnings = Vec::new();
     let raw = recs.iter().filter(|r| r.messages.is_none()).count();
     if raw > 0 {
-        guard(&mut warnings, o.force, format!(
+        guard(&mut warnings, o.ignore_guards, format!(
             "{}: {raw} of {} records are raw text, not chat-formatted: chat prompts at inference would hit activation ranges never observed",
             dataset.display(), recs.len()))?;
     }
@@ -322,7 +335,7 @@ pub fn calibrate_with(
             .copied()
             .filter(|i| o.noise || !seen.contains(i))
             .collect();
-        guard(&mut warnings, o.force, format!(
+        guard(&mut warnings, o.ignore_guards, format!(
             "calibration inputs never contain the chat template tokens {missing:?}{}: their activations would be uncalibrated",
             if o.noise { " (random-noise embeddings)" } else { "" }))?;
     }

@@ -192,6 +192,15 @@ impl Default for ExportOptions<'_> {
     }
 }
 
+/// Whether an encoding is stored signed: 8-bit symmetric (weights: int8, zero point 0). A 16-bit symmetric
+/// grid (the KV / second-MatMul-input groups) is stored as uint16 with zero point 32768 — the same grid, and
+/// what onnxruntime-qnn's QDQ node units accept: a MatMul with a uint16 input and an int16 output is not
+/// fused, which strands its weight's per-channel DequantizeLinear off HTP (Gemma-3's v_proj, whose output is
+/// the V group with no v_norm in between).
+fn signed_storage(e: &Encoding) -> bool {
+    e.is_symmetric && e.bitwidth <= 8
+}
+
 /// ONNX storage of an AIMET encoding: (element type, zero point).
 pub fn onnx_qtype(e: &Encoding) -> Result<(i32, i64)> {
     let (signed, unsigned) = match e.bitwidth {
@@ -204,7 +213,7 @@ pub fn onnx_qtype(e: &Encoding) -> Result<(i32, i64)> {
             })
         }
     };
-    Ok(if e.is_symmetric {
+    Ok(if signed_storage(e) {
         (signed, -e.offset - (1i64 << (e.bitwidth - 1)))
     } else {
         (unsigned, -e.offset)
@@ -214,7 +223,7 @@ pub fn onnx_qtype(e: &Encoding) -> Result<(i32, i64)> {
 /// Quantize param `x` on `e`'s grid into its storage integer ([`Encoding::quantize_param`]'s rounding).
 fn quant_store(e: &Encoding, x: f32) -> i64 {
     let q = e.quantize_param(x);
-    if e.is_symmetric {
+    if signed_storage(e) {
         q - (1i64 << (e.bitwidth - 1))
     } else {
         q

@@ -32,6 +32,8 @@ impl Error {
 pub type Result<T> = std::result::Result<T, Error>;
 use std::path::{Path, PathBuf};
 
+pub mod signals;
+
 /// A directory being built at `<dest>.tmp-<pid>`; `commit` renames it to `dest`. Dropped uncommitted, it is removed.
 pub struct AtomicDir {
     pub tmp: PathBuf,
@@ -64,6 +66,7 @@ impl AtomicDir {
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
         }
+        signals::register(&tmp);
         std::fs::create_dir(&tmp).map_err(|e| Error::io(&tmp, e))?;
         Ok(AtomicDir {
             tmp,
@@ -82,6 +85,7 @@ impl AtomicDir {
         }
         std::fs::rename(&self.tmp, &self.dest).map_err(|e| Error::io(&self.dest, e))?;
         self.done = true;
+        signals::unregister(&self.tmp);
         Ok(self.dest.clone())
     }
 }
@@ -90,6 +94,7 @@ impl Drop for AtomicDir {
     fn drop(&mut self) {
         if !self.done {
             let _ = std::fs::remove_dir_all(&self.tmp);
+            signals::unregister(&self.tmp);
         }
     }
 }
@@ -113,6 +118,7 @@ impl AtomicFile {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+        signals::register(&tmp);
         AtomicFile {
             tmp,
             dest: dest.to_path_buf(),
@@ -122,6 +128,7 @@ impl AtomicFile {
     pub fn commit(mut self) -> Result<()> {
         std::fs::rename(&self.tmp, &self.dest).map_err(|e| Error::io(&self.dest, e))?;
         self.done = true;
+        signals::unregister(&self.tmp);
         Ok(())
     }
 }
@@ -130,6 +137,7 @@ impl Drop for AtomicFile {
     fn drop(&mut self) {
         if !self.done {
             let _ = std::fs::remove_file(&self.tmp);
+            signals::unregister(&self.tmp);
         }
     }
 }

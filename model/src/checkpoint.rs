@@ -7,6 +7,10 @@ use crate::names::{expected_tensors, Role, TensorSpec, LM_HEAD};
 use crate::weights::{SafetensorsStore, TensorInfo};
 use std::path::{Path, PathBuf};
 
+/// Set by `--allow-nonfinite`: open checkpoints whose weights hold NaN or inf.
+pub static ALLOW_NONFINITE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 pub struct Checkpoint {
     pub dir: PathBuf,
     pub config: ModelConfig,
@@ -49,11 +53,47 @@ impl Checkpoint {
             }
             tensors.push((spec, info.clone()));
         }
-        Ok(Checkpoint {
+        let ck = Checkpoint {
             dir: dir.to_path_buf(),
             config,
             store,
             tensors,
+        };
+        if !ALLOW_NONFINITE.load(std::sync::atomic::Ordering::Relaxed) {
+            ck.check_finite()?;
+        }
+        Ok(ck)
+    }
+
+    /// Every decoder tensor finite: a NaN or inf weight would otherwise run and print `<pad>` tokens. A bit
+    /// test on the stored encoding (exponent all ones), tensors in parallel.
+    fn check_finite(&self) -> Result<()> {
+        use crate::weights::DType;
+        use rayon::prelude::*;
+        self.tensors.par_iter().try_for_each(|(_, info)| {
+            let b = self.store.bytes(info);
+            let bad = match info.dtype {
+                DType::F32 => b.chunks_exact(4).position(|c| {
+                    u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000 == 0x7f80_0000
+                }),
+                DType::BF16 => b
+                    .chunks_exact(2)
+                    .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
+                DType::F16 => b
+                    .chunks_exact(2)
+                    .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+            };
+            self.store.release(info);
+            match bad {
+                Some(i) => Err(Error::tensor(
+                    self.store.file_of(info),
+                    &info.name,
+                    format!(
+                        "element {i} is NaN or infinite (pass --allow-nonfinite to proceed anyway)"
+                    ),
+                )),
+                None => Ok(()),
+            }
         })
     }
 

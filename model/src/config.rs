@@ -522,6 +522,7 @@ fn check_dims(fl: &Fields, t: &TextFields) -> Result<(usize, usize, usize)> {
         ("num_key_value_heads", t.num_key_value_heads),
         ("head_dim", t.head_dim),
         ("sliding_window", t.sliding_window),
+        ("max_position_embeddings", t.max_position_embeddings),
     ] {
         if v == 0 {
             return Err(fl.err(field, "must be positive"));

@@ -31,7 +31,7 @@ pub struct Args {
     pub context: usize,
     #[arg(long, default_value_t = 128, value_parser = super::positive)]
     pub seq: usize,
-    /// Feed N(0,1) noise instead of token embeddings (the documented failure mode; refused unless --force).
+    /// Feed N(0,1) noise instead of token embeddings (the documented failure mode; refused unless --ignore-guards).
     #[arg(long)]
     pub noise: bool,
     /// Weights during calibration.
@@ -43,7 +43,10 @@ pub struct Args {
     /// Where the forward passes run.
     #[arg(long, value_enum, default_value_t = Engine::Interp)]
     pub engine: Engine,
-    /// Turn the guards' refusals into warnings.
+    /// Turn the guards' refusals (raw-text records, no chat-template tokens, noise) into warnings.
+    #[arg(long)]
+    pub ignore_guards: bool,
+    /// Replace an existing --out.
     #[arg(long)]
     pub force: bool,
     #[arg(long)]
@@ -89,6 +92,7 @@ impl Args {
             params: Params::Int8,
             overrides: None,
             engine: Engine::Interp,
+            ignore_guards: false,
             force: false,
             out,
         }
@@ -99,6 +103,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.engine == Engine::Ort && a.noise {
         anyhow::bail!("--noise replaces the interpreter's embeddings; use --engine interp");
     }
+    super::refuse_existing(&a.out, a.force)?;
     let dir = model_dir(a.model.clone())?;
     let ck = Arc::new(Checkpoint::open(&dir)?);
     let tok = Tokenizer::from_dir(&dir)?;
@@ -110,7 +115,7 @@ pub fn run(a: Args) -> Result<()> {
         },
         decode_tokens: a.decode_tokens,
         limit: a.limit,
-        force: a.force,
+        ignore_guards: a.ignore_guards,
         noise: a.noise,
     };
     let (pe, mode) = match a.params {

@@ -41,12 +41,7 @@ impl Args {
 
 pub fn run(a: Args) -> Result<()> {
     let out = &a.out;
-    if out.exists() && !a.force {
-        anyhow::bail!(
-            "{}: already exists (pass --force to replace it)",
-            out.display()
-        );
-    }
+    super::refuse_existing(out, a.force)?;
     let dir = model_dir(a.model.clone())?;
     let ck = Checkpoint::open(&dir)?;
     let pb = progress(checkpoint_bytes(&ck), "gguf");

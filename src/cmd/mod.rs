@@ -29,6 +29,35 @@ pub fn positive(s: &str) -> std::result::Result<usize, String> {
 }
 
 /// `--model`, or the bundled tiny Gemma-4 when none is given.
+/// The one output policy: an existing `--out` is replaced only with `--force`.
+pub fn refuse_existing(out: &Path, force: bool) -> Result<()> {
+    if out.exists() && !force {
+        anyhow::bail!(
+            "{}: already exists (pass --force to replace it)",
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+/// A graph context must fit the model's positions (a larger one would allocate KV and masks for positions
+/// the model cannot address — and, from a bad file, abort on allocation).
+pub fn check_context(
+    cfg: &hexq_model::ModelConfig,
+    context: usize,
+    source: &Path,
+    field: &str,
+) -> Result<()> {
+    if context > cfg.max_position_embeddings {
+        anyhow::bail!(
+            "{}: {field} {context} exceeds the model's max_position_embeddings {}",
+            source.display(),
+            cfg.max_position_embeddings
+        );
+    }
+    Ok(())
+}
+
 pub fn model_dir(m: Option<PathBuf>) -> Result<PathBuf> {
     match m {
         Some(p) => Ok(p),

@@ -221,13 +221,17 @@ fn quantized_builds(a: &Args, s: &mut Stages) {
         };
         s.stage(name, None, None, || run::run(r));
     }
-    let c = calibrate::Args::new(
-        m.clone(),
-        "datasets/calibration.jsonl".into(),
-        a.calib_limit,
-        ctx,
-        st.clone(),
-    );
+    // The pipeline owns its --out directory: each stage replaces its output.
+    let c = calibrate::Args {
+        force: true,
+        ..calibrate::Args::new(
+            m.clone(),
+            "datasets/calibration.jsonl".into(),
+            a.calib_limit,
+            ctx,
+            st.clone(),
+        )
+    };
     s.stage("calibrate decode_wgqa", Some(&st), None, || {
         calibrate::run(c)
     });
@@ -235,7 +239,10 @@ fn quantized_builds(a: &Args, s: &mut Stages) {
         ("quantize a16w8", &enc, false),
         ("quantize a16w8 int8-kv", &enc8, true),
     ] {
-        let q = quantize::Args::new(m.clone(), st.clone(), int8, e.clone());
+        let q = quantize::Args {
+            force: true,
+            ..quantize::Args::new(m.clone(), st.clone(), int8, e.clone())
+        };
         s.stage(name, Some(e), s.after(&["calibrate decode_wgqa"]), || {
             quantize::run(q)
         });

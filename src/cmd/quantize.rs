@@ -26,6 +26,10 @@ pub struct Args {
     /// JSON overrides: {"rules": [{"pattern": "layers.*.mlp.*_proj.weight.T", "kind": "param", "bitwidth": 4}]}
     #[arg(long)]
     pub overrides: Option<PathBuf>,
+    /// Encode even when the stats fail their guards (degenerate or never-exercised ranges).
+    #[arg(long)]
+    pub ignore_guards: bool,
+    /// Replace an existing --out.
     #[arg(long)]
     pub force: bool,
     #[arg(long)]
@@ -47,6 +51,7 @@ impl Args {
             int8_kv,
             full_mask_range: false,
             overrides: None,
+            ignore_guards: false,
             force: false,
             out,
         }
@@ -54,16 +59,28 @@ impl Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    super::refuse_existing(&a.out, a.force)?;
     let dir = model_dir(a.model)?;
     let ck = Checkpoint::open(&dir)?;
     let st: hexq_calibrate::Stats = read_json(&a.stats)?;
+    // Ranges are data, not guards: a range that is not one is refused outright.
+    for (name, r) in &st.tensors {
+        if !(r.min.is_finite() && r.max.is_finite()) || r.min > r.max {
+            anyhow::bail!(
+                "{}: tensor {name:?}: range [{}, {}] is not a range (min ≤ max, both finite)",
+                a.stats.display(),
+                r.min,
+                r.max
+            );
+        }
+    }
     let problems = hexq_quantize::check_stats(&st);
     for p in &problems {
         eprintln!("WARNING: {}: {p}", a.stats.display());
     }
-    if !problems.is_empty() && !a.force {
+    if !problems.is_empty() && !a.ignore_guards {
         anyhow::bail!(
-            "{}: {} guard(s) failed (first: {}); refusing to quantize (pass --force to override)",
+            "{}: {} guard(s) failed (first: {}); refusing to quantize (pass --ignore-guards to override)",
             a.stats.display(),
             problems.len(),
             problems[0]
@@ -84,6 +101,7 @@ pub fn run(a: Args) -> Result<()> {
         context: st.context,
         seq: st.seq,
     };
+    super::check_context(&ck.config, st.context, &a.stats, "context")?;
     let g = hexq_graph::build(&ck.config, v, &go);
     let ov = match &a.overrides {
         Some(p) => hexq_quantize::Overrides::from_file(p)?,
@@ -93,7 +111,8 @@ pub fn run(a: Args) -> Result<()> {
     if a.full_mask_range {
         sch.mask_floor = None;
     }
-    let mut enc = hexq_quantize::encode(&ck, &g, &st, &sch, &ov)?;
+    let mut enc = hexq_quantize::encode(&ck, &g, &st, &sch, &ov)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.stats.display()))?;
     enc.hexq["context"] = st.context.into();
     enc.hexq["seq"] = st.seq.into();
     enc.hexq["variant"] = st.variant.clone().into();

@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long, value_parser = super::positive)]
     pub limit: Option<usize>,
     /// Greedy decode steps compared token by token.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::positive)]
     pub steps: usize,
     #[arg(long)]
     pub json: bool,
