@@ -733,6 +733,140 @@ fn output_cases(t: &Path, cases: &mut Vec<Case>) {
     }
 }
 
+/// Encodings read by `verify` and `export`: validated the same way (names, bitwidths, scales, offsets, KV
+/// width, the graph they were made for).
+fn encodings_cases(t: &Path, cases: &mut Vec<Case>) {
+    let m = fixture().display().to_string();
+    let good: Value =
+        serde_json::from_str(&std::fs::read_to_string(t.join("ds-good-enc.json")).unwrap())
+            .unwrap();
+    let act = good["activation_encodings"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .nth(3)
+        .unwrap()
+        .clone();
+    type Edit = Box<dyn Fn(&mut Value)>;
+    let a2 = act.clone();
+    let a3 = act.clone();
+    let a4 = act.clone();
+    let a5 = act.clone();
+    let a6 = act.clone();
+    let edits: Vec<(&str, Edit, &str)> = vec![
+        (
+            "wrong-name",
+            Box::new(move |v: &mut Value| {
+                let e = v["activation_encodings"][&a2].clone();
+                v["activation_encodings"]["no.such.tensor"] = e;
+            }),
+            "no.such.tensor",
+        ),
+        (
+            "bitwidth-0",
+            Box::new(move |v: &mut Value| v["activation_encodings"][&a3][0]["bitwidth"] = json!(0)),
+            "bitwidth",
+        ),
+        (
+            "bitwidth-99",
+            Box::new(move |v: &mut Value| {
+                v["activation_encodings"][&a4][0]["bitwidth"] = json!(99)
+            }),
+            "bitwidth",
+        ),
+        (
+            "scale-negative",
+            Box::new(move |v: &mut Value| v["activation_encodings"][&a5][0]["scale"] = json!(-0.5)),
+            "scale",
+        ),
+        (
+            "offset-positive",
+            Box::new(move |v: &mut Value| v["activation_encodings"][&a6][0]["offset"] = json!(7)),
+            "offset",
+        ),
+        (
+            "empty-list",
+            Box::new(move |v: &mut Value| v["activation_encodings"][&act] = json!([])),
+            "empty",
+        ),
+        (
+            "context-zero",
+            Box::new(|v: &mut Value| v["hexq"]["context"] = json!(0)),
+            "context",
+        ),
+        (
+            "context-huge",
+            Box::new(|v: &mut Value| v["hexq"]["context"] = json!(1u64 << 40)),
+            "context",
+        ),
+        (
+            "no-variant",
+            Box::new(|v: &mut Value| {
+                v["hexq"].as_object_mut().unwrap().remove("variant");
+            }),
+            "variant",
+        ),
+    ];
+    for (n, e, want) in edits {
+        let mut v = good.clone();
+        e(&mut v);
+        let p = t.join(format!("enc-bad-{n}.json"));
+        std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+        let ps = p.display().to_string();
+        case(
+            cases,
+            &format!("encodings {n} (verify)"),
+            s(&[
+                "verify",
+                "--model",
+                &m,
+                "--encodings",
+                &ps,
+                "--limit",
+                "1",
+                "--steps",
+                "1",
+            ]),
+            &[&format!("enc-bad-{n}.json"), want],
+        );
+        if !n.starts_with("context") && n != "no-variant" {
+            let out = t.join(format!("enc-bad-{n}-export")).display().to_string();
+            case(
+                cases,
+                &format!("encodings {n} (export)"),
+                s(&[
+                    "export",
+                    "--model",
+                    &m,
+                    "--variant",
+                    "decode_wgqa",
+                    "--context",
+                    "64",
+                    "--seq",
+                    "16",
+                    "--encodings",
+                    &ps,
+                    "--qdq",
+                    "--out",
+                    &out,
+                ]),
+                &[&format!("enc-bad-{n}.json"), want],
+            );
+        }
+    }
+    for (n, text) in [("empty", ""), ("not-json", "enc"), ("array", "[]")] {
+        let p = t.join(format!("encin-{n}.json"));
+        std::fs::write(&p, text).unwrap();
+        let ps = p.display().to_string();
+        case(
+            cases,
+            &format!("encodings {n} (verify)"),
+            s(&["verify", "--model", &m, "--encodings", &ps]),
+            &[&format!("encin-{n}.json")],
+        );
+    }
+}
+
 #[test]
 fn every_bad_input_fails_cleanly() {
     let t = tempfile::tempdir().unwrap();
@@ -740,6 +874,7 @@ fn every_bad_input_fails_cleanly() {
     config_cases(t.path(), &mut cases);
     cli_cases(t.path(), &mut cases);
     dataset_cases(t.path(), &mut cases);
+    encodings_cases(t.path(), &mut cases);
     stats_cases(t.path(), &mut cases);
     file_cases(t.path(), &mut cases);
     output_cases(t.path(), &mut cases);

@@ -42,9 +42,17 @@ fn is_kv(n: &str) -> bool {
 
 /// Encodings must fit the graph: every name a tensor of it (of the right kind), every float tensor
 /// covered, bitwidths AIMET/QNN accept, one scale per output channel, finite positive scales, and the KV
-/// width the variant promises.
-pub fn check_encodings(g: &Graph, e: &Encodings, int8kv: bool, file: &Path) -> Result<()> {
+/// width the variant promises. With `partial` (verify's per-class studies) uncovered tensors are allowed and
+/// counted instead: Ok(number of float tensors left without an encoding).
+pub fn check_encodings(
+    g: &Graph,
+    e: &Encodings,
+    int8kv: bool,
+    file: &Path,
+    partial: bool,
+) -> Result<usize> {
     let bad = |m: String| Err(Error::file(file, m));
+    let mut uncovered = 0;
     if let Some(h) = e.hexq.get("graph_sha256").and_then(|v| v.as_str()) {
         if h != g.content_hash() {
             return bad(format!(
@@ -130,13 +138,16 @@ pub fn check_encodings(g: &Graph, e: &Encodings, int8kv: bool, file: &Path) -> R
             }
         }
         if let Some(missing) = names.iter().find(|n| !map.contains_key(**n)) {
-            return bad(format!(
-                "no {kind} encoding for {missing:?} (every float tensor of {} needs one)",
-                g.name
-            ));
+            if !partial {
+                return bad(format!(
+                    "no {kind} encoding for {missing:?} (every float tensor of {} needs one)",
+                    g.name
+                ));
+            }
+            uncovered += names.iter().filter(|n| !map.contains_key(**n)).count();
         }
     }
-    Ok(())
+    Ok(uncovered)
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -284,7 +295,7 @@ pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Va
         return Err(Error::Usage("--qdq needs --encodings".into()));
     }
     if let Some((p, e)) = &o.encodings {
-        check_encodings(&g, e, int8kv, p)?;
+        check_encodings(&g, e, int8kv, p, false)?;
     }
     let enc = o.encodings.as_ref().map(|(_, e)| e);
     // Three independent streams at once — the graph's weights, the host-model copy, the source hashes: each

@@ -131,6 +131,24 @@ fn quantsim(a: Args) -> Result<()> {
         context: enc.hexq["context"].as_u64().unwrap_or(4096) as usize,
         seq: enc.hexq["seq"].as_u64().unwrap_or(128) as usize,
     };
+    if o.context == 0 || o.seq == 0 {
+        anyhow::bail!(
+            "{}: hexq.context and hexq.seq must be positive",
+            encodings.display()
+        );
+    }
+    super::check_context(&ck.config, o.context, &encodings, "hexq.context")?;
+    // The same validation `export` applies: names, kinds, bitwidths, scales, offsets, KV width.
+    let g = hexq_graph::build(&ck.config, v, &o);
+    let float =
+        hexq_export::check_encodings(&g, &enc, v == Variant::DecodeWgqaInt8kv, &encodings, true)?;
+    if float > 0 {
+        eprintln!(
+            "WARNING: {}: {float} float tensors have no encoding and stay float in quantsim",
+            encodings.display()
+        );
+    }
+    drop(g);
     let pb = count_progress("verify");
     let r = hexq_eval::verify::verify(ck, &tok, &recs, &enc, st.as_ref(), v, &o, a.steps, &pb)?;
     pb.finish_and_clear();
