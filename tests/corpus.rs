@@ -913,3 +913,58 @@ fn every_bad_input_fails_cleanly() {
         bad.join("\n")
     );
 }
+
+/// Ctrl-C / a scheduler's SIGTERM mid-write: exit 130 / 143 and no temp output left (synth of the E2B
+/// config writes ~10 GB, so it is always mid-write at 1.5 s; calibrate on the full dataset likewise).
+#[test]
+fn interrupted_writers_leave_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let m = fixture().display().to_string();
+    let e2b = common::root()
+        .join("tests/fixtures/e2b-config.json")
+        .display()
+        .to_string();
+    let synth_out = t.path().join("synth").display().to_string();
+    let stats_out = t.path().join("stats.json").display().to_string();
+    for (sig, code, args) in [
+        (
+            "TERM",
+            143,
+            s(&["synth", "--config", &e2b, "--out", &synth_out]),
+        ),
+        (
+            "INT",
+            130,
+            s(&[
+                "calibrate",
+                "--model",
+                &m,
+                "--context",
+                "64",
+                "--out",
+                &stats_out,
+            ]),
+        ),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hexq"))
+            .args(&args)
+            .current_dir(common::root())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let k = Command::new("kill")
+            .args([format!("-{sig}"), child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(k.success());
+        let st = child.wait().unwrap();
+        assert_eq!(st.code(), Some(code), "{args:?} after SIG{sig}");
+        let left: Vec<_> = std::fs::read_dir(t.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
+}

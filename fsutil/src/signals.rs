@@ -57,7 +57,22 @@ pub fn install() {
         // SAFETY: reading one byte into a local from our own pipe.
         let n = unsafe { libc::read(r, &mut b as *mut u8 as *mut libc::c_void, 1) };
         if n == 1 {
-            cleanup();
+            // Writers keep running until exit: one of them may recreate a directory inside the temp tree
+            // just removed, so sweep until the registered paths stay gone.
+            let mut quiet = 0;
+            for _ in 0..50 {
+                cleanup();
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+                quiet = if live.iter().any(|p| p.exists()) {
+                    0
+                } else {
+                    quiet + 1
+                };
+                if quiet >= 3 {
+                    break;
+                }
+            }
             eprintln!("hexq: interrupted (signal {b}); temporary outputs removed");
             std::process::exit(128 + b as i32);
         }

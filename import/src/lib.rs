@@ -163,6 +163,11 @@ fn weights(
     let meta = serde_json::json!({"format": "pt", "hexq": "import"});
     let (head, _) = safetensors_header(&entries, &meta);
     let path = dir.join("model.safetensors");
+    let n: u64 = plan
+        .iter()
+        .map(|(t, _)| t.shape().iter().product::<usize>() as u64)
+        .sum();
+    hexq_fsutil::ensure_space(dir, n * dt.size() as u64 + head.len() as u64)?;
     let mut w = hexq_fsutil::HashedFile::create(&path)?;
     let io = |e| hexq_model::Error::io(&path, e);
     w.write_all(&head).map_err(io)?;

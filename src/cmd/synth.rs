@@ -31,6 +31,8 @@ pub fn run(a: Args) -> Result<()> {
         .iter()
         .map(|t| t.numel() as u64 * 2)
         .sum();
+    // Known up front: refuse before writing rather than fill the disk (an absurd hidden_size asks for PB).
+    hexq_fsutil::ensure_space(&out, total)?;
     let pb = progress(total, "synth");
     let opt = hexq_model::synth::SynthOptions {
         seed: a.seed,

@@ -536,6 +536,11 @@ pub fn write_gguf(
     let plan = plan(ck, ft, pure)?;
     let kv = metadata(ck, ft, &plan)?;
     let head = header(&kv, &plan);
+    let data: u64 = plan
+        .iter()
+        .map(|p| (p.ty.bytes(p.ne.iter().product::<u64>() as usize) as u64).div_ceil(ALIGN) * ALIGN)
+        .sum();
+    hexq_fsutil::ensure_space(path, head.len() as u64 + data)?;
     let out = hexq_fsutil::AtomicFile::new(path);
     // Hashed as written, page cache bypassed (O_DIRECT; see HashedFile).
     let mut w = hexq_fsutil::HashedFile::create(&out.tmp)?;
