@@ -562,6 +562,26 @@ fn file_cases(t: &Path, cases: &mut Vec<Case>) {
             &[f],
         );
     }
+    // A checkpoint without tokenizer.json exports nothing (the host could not tokenize).
+    let d = model_with(&t.join("no-tokenizer"), |_| {});
+    std::fs::remove_file(d.join("tokenizer.json")).unwrap();
+    let out = t.join("no-tokenizer-export").display().to_string();
+    case(
+        cases,
+        "no tokenizer.json (export)",
+        s(&[
+            "export",
+            "--model",
+            &d.display().to_string(),
+            "--variant",
+            "decode_wgqa",
+            "--context",
+            "64",
+            "--out",
+            &out,
+        ]),
+        &["tokenizer.json"],
+    );
     // GGUF inputs to import.
     let good = {
         let mut v = b"GGUF".to_vec();
@@ -912,6 +932,35 @@ fn every_bad_input_fails_cleanly() {
         cases.len(),
         bad.join("\n")
     );
+}
+
+/// Every backend stops at its capacity the same way: reason `context_full`, exit 0, the text kept.
+#[test]
+fn generation_reaching_the_context_stops_with_context_full() {
+    let m = fixture().display().to_string();
+    let o = Command::new(env!("CARGO_BIN_EXE_hexq"))
+        .args([
+            "run",
+            "--model",
+            &m,
+            "--backend",
+            "graph",
+            "--context",
+            "16",
+            "--seq",
+            "8",
+            "--max-tokens",
+            "40",
+            "--prompt",
+            "hi",
+            "--json",
+        ])
+        .current_dir(common::root())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["stop_reason"], "context_full", "{v}");
 }
 
 /// Ctrl-C / a scheduler's SIGTERM mid-write: exit 130 / 143 and no temp output left (synth of the E2B

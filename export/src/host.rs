@@ -184,6 +184,14 @@ pub fn write_host_model(
         });
     }
     let mut files = Vec::new();
+    let tj = ck.dir.join("tokenizer.json");
+    if !tj.exists() {
+        // Without it the export runs nowhere: the host tokenizes prompts and decodes ids.
+        return Err(Error::file(
+            &tj,
+            "missing: the host side needs it (or export with --host none)",
+        ));
+    }
     for f in HOST_FILES {
         let src = ck.dir.join(f);
         if src.exists() {

@@ -244,6 +244,9 @@ impl Backend for GraphBackend {
     fn name(&self) -> &str {
         "graph"
     }
+    fn capacity(&self) -> Option<usize> {
+        Some(self.context)
+    }
     fn reset(&mut self) {
         self.kv.clear();
         for vi in self

@@ -56,6 +56,10 @@ impl Backend for CpuBackend {
     fn name(&self) -> &str {
         "cpu"
     }
+    /// The positions the model was trained for (RoPE beyond them is extrapolation, not the model).
+    fn capacity(&self) -> Option<usize> {
+        Some(self.model.cfg.max_position_embeddings)
+    }
     fn reset(&mut self) {
         self.cache = KvCache::new(self.model.cfg.num_layers);
     }
@@ -151,7 +155,7 @@ pub fn generate_ids(
 ) -> Result<(Vec<u32>, String, f64, f64)> {
     if let Some(c) = b.capacity().filter(|&c| prompt_ids.len() > c) {
         return Err(Error::ContextFull(format!(
-            "the prompt has {} tokens; the {} graph holds {c} positions (export with a larger --context)",
+            "the prompt has {} tokens; the {} backend holds {c} positions (a larger --context, or max_position_embeddings for cpu)",
             prompt_ids.len(),
             b.name()
         )));

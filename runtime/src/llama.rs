@@ -158,6 +158,9 @@ impl Backend for LlamaBackend {
     fn name(&self) -> &str {
         "llama"
     }
+    fn capacity(&self) -> Option<usize> {
+        Some(self.n_ctx)
+    }
     fn reset(&mut self) {
         // SAFETY: valid handle.
         unsafe { (self.reset)(self.h) };
