@@ -140,8 +140,10 @@ fn quantsim(a: Args) -> Result<()> {
     super::check_context(&ck.config, o.context, &encodings, "hexq.context")?;
     // The same validation `export` applies: names, kinds, bitwidths, scales, offsets, KV width.
     let g = hexq_graph::build(&ck.config, v, &o);
-    let float =
-        hexq_export::check_encodings(&g, &enc, v == Variant::DecodeWgqaInt8kv, &encodings, true)?;
+    // quantize --int8-kv keeps the decode_wgqa graph and marks the scheme.
+    let int8kv =
+        v == Variant::DecodeWgqaInt8kv || enc.hexq["scheme"].as_str() == Some("a16w8_int8kv");
+    let float = hexq_export::check_encodings(&g, &enc, int8kv, &encodings, true)?;
     if float > 0 {
         eprintln!(
             "WARNING: {}: {float} float tensors have no encoding and stay float in quantsim",
