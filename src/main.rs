@@ -90,7 +90,26 @@ fn main() {
                 msg = format!("{msg}: {c}");
             }
         }
-        eprintln!("error: {msg}");
+        eprintln!("error: {}", user_paths(&msg));
         std::process::exit(1);
     }
+}
+
+/// An error as the user should read it: temp outputs (`DIR/.NAME.tmp-PID`) named by the `--out` they become,
+/// and a part repeated back to back ("F: F: os error") said once.
+fn user_paths(msg: &str) -> String {
+    let tag = format!(".tmp-{}", std::process::id());
+    let mut m = msg.to_string();
+    while let Some(i) = m.find(&tag) {
+        let j = m[..i].rfind(['/', ' ']).map_or(0, |j| j + 1);
+        let name = m[j..i].strip_prefix('.').unwrap_or(&m[j..i]).to_string();
+        m.replace_range(j..i + tag.len(), &name);
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for p in m.split(": ") {
+        if parts.last() != Some(&p) {
+            parts.push(p);
+        }
+    }
+    parts.join(": ")
 }

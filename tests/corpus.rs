@@ -1017,3 +1017,60 @@ fn interrupted_writers_leave_nothing() {
         assert!(left.is_empty(), "{args:?} left {left:?}");
     }
 }
+
+/// A write that fails (here a file-size limit, as a full disk would) exits 1 naming the user's --out, not
+/// the temp file behind it, and leaves nothing.
+#[test]
+fn failed_writes_name_the_output_and_leave_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_hexq");
+    let m = fixture().display().to_string();
+    let e2b = common::root()
+        .join("tests/fixtures/e2b-config.json")
+        .display()
+        .to_string();
+    for (out, args) in [
+        (
+            "exp",
+            vec![
+                "export",
+                "--model",
+                &m,
+                "--variant",
+                "decode_wgqa",
+                "--context",
+                "64",
+                "--out",
+            ],
+        ),
+        (
+            "f16.gguf",
+            vec!["gguf", "--model", &m, "--type", "f16", "--out"],
+        ),
+        ("synth", vec!["synth", "--config", &e2b, "--out"]),
+    ] {
+        let o = t.path().join(out);
+        let cmd = format!(
+            "ulimit -f 2000; exec {bin} {} {}",
+            args.join(" "),
+            o.display()
+        );
+        let r = Command::new("sh")
+            .args(["-c", &cmd])
+            .current_dir(common::root())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(1), "{out}: {err}");
+        assert!(
+            err.contains(&o.display().to_string()) && !err.contains(".tmp-"),
+            "{out}: {err}"
+        );
+        let left: Vec<_> = std::fs::read_dir(t.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{out} left {left:?}");
+    }
+}
