@@ -525,3 +525,75 @@ fn encodings_match_aimet_within_one_lsb() {
     }
     assert!(checked > 100);
 }
+
+/// A trunk calibrated on prompts shorter than one chunk never sees its past-KV inputs (the guards refuse to
+/// encode them); `--kv-stats` takes those ranges from the decode graph's calibration of the same model.
+#[test]
+fn trunk_past_kv_ranges_come_from_the_decode_stats() {
+    let t = tempfile::tempdir().unwrap();
+    let m = "tests/fixtures/tiny-gemma4";
+    let p = |n: &str| t.path().join(n).display().to_string();
+    let (trunk, decode) = (p("trunk.json"), p("decode.json"));
+    common::hexq_ok(&[
+        "calibrate",
+        "--model",
+        m,
+        "--variant",
+        "trunk",
+        "--limit",
+        "2",
+        "--context",
+        "128",
+        "--seq",
+        "64",
+        "--out",
+        &trunk,
+    ]);
+    common::hexq_ok(&[
+        "calibrate",
+        "--model",
+        m,
+        "--limit",
+        "2",
+        "--context",
+        "128",
+        "--seq",
+        "64",
+        "--out",
+        &decode,
+    ]);
+    let refused = common::hexq(&[
+        "quantize",
+        "--model",
+        m,
+        "--stats",
+        &trunk,
+        "--out",
+        &p("a.json"),
+    ]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("past_key_0"));
+    common::hexq_ok(&[
+        "quantize",
+        "--model",
+        m,
+        "--stats",
+        &trunk,
+        "--kv-stats",
+        &decode,
+        "--out",
+        &p("b.json"),
+    ]);
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p("b.json")).unwrap()).unwrap();
+    let d: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&decode).unwrap()).unwrap();
+    let (enc, want) = (
+        &e["activation_encodings"]["past_key_0"][0],
+        &d["tensors"]["past_key_0"],
+    );
+    assert!(
+        enc["max"].as_f64().unwrap() >= want["max"].as_f64().unwrap() * 0.99,
+        "{enc} vs {want}"
+    );
+}

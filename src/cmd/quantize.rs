@@ -26,6 +26,11 @@ pub struct Args {
     /// JSON overrides: {"rules": [{"pattern": "layers.*.mlp.*_proj.weight.T", "kind": "param", "bitwidth": 4}]}
     #[arg(long)]
     pub overrides: Option<PathBuf>,
+    /// Past-KV ranges from another calibration of the same model (e.g. the decode graph's stats for a trunk
+    /// whose prompts never filled a second chunk): each `past_key_*`/`past_value_*` range is widened to cover
+    /// that file's.
+    #[arg(long)]
+    pub kv_stats: Option<PathBuf>,
     /// Encode even when the stats fail their guards (degenerate or never-exercised ranges).
     #[arg(long)]
     pub ignore_guards: bool,
@@ -51,6 +56,7 @@ impl Args {
             int8_kv,
             full_mask_range: false,
             overrides: None,
+            kv_stats: None,
             ignore_guards: false,
             force: false,
             out,
@@ -62,7 +68,45 @@ pub fn run(a: Args) -> Result<()> {
     super::refuse_existing(&a.out, a.force)?;
     let dir = model_dir(a.model)?;
     let ck = Checkpoint::open(&dir)?;
-    let st: hexq_calibrate::Stats = read_json(&a.stats)?;
+    let mut st: hexq_calibrate::Stats = read_json(&a.stats)?;
+    if let Some(p) = &a.kv_stats {
+        let kv: hexq_calibrate::Stats = read_json(p)?;
+        if kv.model_sha256 != st.model_sha256 {
+            anyhow::bail!(
+                "{}: calibrated on another model than {}",
+                p.display(),
+                a.stats.display()
+            );
+        }
+        let mut n = 0;
+        for (name, r) in st.tensors.iter_mut() {
+            let is_kv = name.starts_with("past_key_") || name.starts_with("past_value_");
+            if let (true, Some(k)) = (is_kv, kv.tensors.get(name)) {
+                let seen = r.count > 0 && r.min < r.max;
+                *r = match seen {
+                    true => hexq_calibrate::Range {
+                        min: r.min.min(k.min),
+                        max: r.max.max(k.max),
+                        count: r.count + k.count,
+                    },
+                    false => *k,
+                };
+                n += 1;
+            }
+        }
+        if n == 0 {
+            anyhow::bail!(
+                "{}: no past_key_*/past_value_* ranges matching {}",
+                p.display(),
+                a.stats.display()
+            );
+        }
+        eprintln!(
+            "{}: {n} past-KV ranges from {}",
+            a.stats.display(),
+            p.display()
+        );
+    }
     // Ranges are data, not guards: a range that is not one is refused outright.
     for (name, r) in &st.tensors {
         if !(r.min.is_finite() && r.max.is_finite()) || r.min > r.max {
