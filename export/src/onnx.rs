@@ -192,13 +192,11 @@ impl Default for ExportOptions<'_> {
     }
 }
 
-/// Whether an encoding is stored signed: 8-bit symmetric (weights: int8, zero point 0). A 16-bit symmetric
-/// grid (the KV / second-MatMul-input groups) is stored as uint16 with zero point 32768 — the same grid, and
-/// what onnxruntime-qnn's QDQ node units accept: a MatMul with a uint16 input and an int16 output is not
-/// fused, which strands its weight's per-channel DequantizeLinear off HTP (Gemma-3's v_proj, whose output is
-/// the V group with no v_norm in between).
+/// Whether an encoding is stored signed: every symmetric grid (int8 weights; the 16-bit KV / second-MatMul-
+/// input groups as int16, zero point 0 — what HTP's MatMul takes exactly; the same grid stored as uint16 with
+/// zero point 32768 compiles, but HTP then tracks quantsim at cosine 0.998 instead of 0.99999 on the tiny model).
 fn signed_storage(e: &Encoding) -> bool {
-    e.is_symmetric && e.bitwidth <= 8
+    e.is_symmetric
 }
 
 /// ONNX storage of an AIMET encoding: (element type, zero point).
