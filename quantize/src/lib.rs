@@ -511,6 +511,17 @@ pub fn tie_groups(g: &Graph) -> BTreeMap<String, String> {
                 if reads - (chain.len() - 1) > 1 || g.is_initializer(&cur) {
                     continue;
                 }
+                // A weight MatMul's output keeps its own (asymmetric) grid and the first grid-preserving op
+                // after it requantizes into the group: with no norm between v_proj and the V group
+                // (Gemma-3), tying would make v_proj a MatMul with a uint16 input and a symmetric int16
+                // output, which onnxruntime-qnn does not fuse (its weight DequantizeLinear is left off HTP).
+                let weight_matmul = producer.get(cur.as_str()).is_some_and(|&p| {
+                    let n = &g.nodes[p];
+                    n.op == Op::MatMul && g.is_initializer(&n.inputs[1])
+                });
+                if weight_matmul && chain.len() > 1 {
+                    chain.pop();
+                }
                 for t in &chain {
                     out.entry(t.clone()).or_insert_with(|| root.clone());
                 }
