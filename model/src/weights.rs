@@ -242,6 +242,21 @@ pub fn to_f32(b: &[u8], dt: DType) -> Vec<f32> {
 }
 
 /// [`to_f32`] into a reused buffer (streaming writers: no fresh pages to fault in and zero per tensor).
+/// Index of the first NaN or infinite element of `b` (stored as `dt`): exponent bits all ones.
+pub fn nonfinite_at(b: &[u8], dt: DType) -> Option<usize> {
+    match dt {
+        DType::F32 => b.chunks_exact(4).position(|c| {
+            u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000 == 0x7f80_0000
+        }),
+        DType::BF16 => b
+            .chunks_exact(2)
+            .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
+        DType::F16 => b
+            .chunks_exact(2)
+            .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+    }
+}
+
 pub fn to_f32_into(b: &[u8], dt: DType, out: &mut Vec<f32>) {
     // resize also shrinks; every element is overwritten below.
     out.resize(b.len() / dt.size(), 0.0);
