@@ -5,7 +5,7 @@
 //! given (LLAMA_CPP_DIR).
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 mod common;
