@@ -197,7 +197,8 @@ fn qdq_export_in_onnxruntime_matches_hexq_quantsim() {
         )
         .unwrap();
         let step0 = t.path().join(format!("{variant}.step0.json"));
-        let first = prompts[0]["ids"][0].as_u64().unwrap() as u32;
+        // The second token, through the graph at position 0 (the first, BOS, is the host prefix: no graph run).
+        let first = prompts[0]["ids"][1].as_u64().unwrap() as u32;
         std::fs::write(
             &step0,
             serde_json::to_vec(&quantsim_step0(&ck, &enc, first)).unwrap(),

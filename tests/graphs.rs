@@ -381,3 +381,46 @@ fn gemma3_graphs_match_reference() {
     let mut b = backend(&ck, Variant::DecodeWgqa, true, o);
     check_positions(&mut b, &ck, &long, "gemma3 trunk");
 }
+
+/// Position 0 on the host (`hexq_model::prefix`): with the BOS K/V written into ring slot 0 and its hidden
+/// state taken from the f32 reference, every position equals a run that sends BOS through the graph — decode
+/// and trunk, Gemma-4 (KV sharing, PLE) and Gemma-3 — so the graphs, calibration and exports may start at 1.
+#[test]
+fn bos_prefix_equals_running_bos_through_the_graph() {
+    for (fixture, ids) in [
+        ("tiny-gemma4", ids_of(&golden()["sequences"]["long"]["ids"])),
+        (
+            "tiny-gemma3",
+            ids_of(
+                &serde_json::from_str::<Value>(
+                    &std::fs::read_to_string(fixtures().join("golden-gemma3/golden.json")).unwrap(),
+                )
+                .unwrap()["sequences"]["long"]["ids"],
+            ),
+        ),
+    ] {
+        let ck = Arc::new(Checkpoint::open(&fixtures().join(fixture)).unwrap());
+        assert_eq!(
+            ids[0], ck.config.bos_token_id,
+            "{fixture}: sequences start with BOS"
+        );
+        let o = GraphOptions {
+            context: 64,
+            seq: 16,
+        };
+        for trunk in [false, true] {
+            let mut with = backend(&ck, Variant::DecodeWgqa, trunk, o);
+            let mut without = backend(&ck, Variant::DecodeWgqa, trunk, o);
+            without.prefix = None;
+            let (a, b) = (with.hidden(&ids).unwrap(), without.hidden(&ids).unwrap());
+            assert_eq!(with.pos, ids.len());
+            for (p, (x, y)) in a.iter().zip(&b).enumerate() {
+                let e = rel_err(x, y);
+                assert!(
+                    e <= 1e-5,
+                    "{fixture} trunk={trunk} position {p}: rel err {e}"
+                );
+            }
+        }
+    }
+}

@@ -284,6 +284,7 @@ pub fn calibrate_with(
     pb.set_length(recs.len() as u64);
     let mut seen = HashSet::new();
     let mut tokens = 0u64;
+    let mut history = false;
     for (k, r) in recs.iter().enumerate() {
         let ids = match &r.messages {
             Some(m) => tok.encode_chat(m)?,
@@ -305,6 +306,8 @@ pub fn calibrate_with(
             })))?;
         }
         if o.variant == Variant::Trunk {
+            // A second chunk reads the first one's K/V through its past_* inputs.
+            history |= ids.len() > o.graph.seq;
             b.hidden_all(&ids)?;
             tokens += ids.len() as u64;
         } else {
@@ -339,7 +342,19 @@ pub fn calibrate_with(
             "calibration inputs never contain the chat template tokens {missing:?}{}: their activations would be uncalibrated",
             if o.noise { " (random-noise embeddings)" } else { "" }))?;
     }
-    let tensors = obs.ranges.lock().unwrap().clone();
+    let mut tensors = obs.ranges.lock().unwrap().clone();
+    if o.variant == Variant::Trunk && !history {
+        // The trunk's past_* inputs carried only the BOS prefix in slot 0 (no prompt filled a second
+        // chunk): a range that looks observed but covers one position. Recorded as unobserved, so
+        // `quantize` refuses them or takes them from the decode graph's stats (--kv-stats).
+        for (_, r) in tensors.iter_mut().filter(|(k, _)| k.starts_with("past_")) {
+            *r = Range {
+                min: 0.0,
+                max: 0.0,
+                count: 0,
+            };
+        }
+    }
     Ok(Stats {
         hexq_version: env!("CARGO_PKG_VERSION").into(),
         variant: o.variant.name().into(),

@@ -453,7 +453,11 @@ fn raw_inputs(dir: &Path, out: &Path, steps: usize) -> Result<Vec<String>> {
     let ids = tok.encode_chat(&[hexq_model::chat::Message::user(&prompt)])?;
     b.capture = Some(Vec::new());
     b.reset();
-    for &id in ids.iter().take(steps.max(1)) {
+    // `steps` graph runs (BOS at position 0 is the host prefix and runs no graph).
+    for &id in &ids {
+        if b.capture.as_ref().map_or(0, Vec::len) >= steps.max(1) {
+            break;
+        }
         b.feed(&[id])?;
     }
     let rows = b.capture.take().unwrap_or_default();

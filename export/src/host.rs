@@ -89,7 +89,7 @@ pub fn pack_int4(q: &[i8]) -> Vec<u8> {
 
 /// Write `dir/host-model/`. `progress` gets bytes of checkpoint data consumed.
 pub fn write_host_model(
-    ck: &Checkpoint,
+    ck: &std::sync::Arc<Checkpoint>,
     dir: &Path,
     dt: HostDType,
     progress: &(dyn Fn(u64) + Sync),
@@ -201,7 +201,30 @@ pub fn write_host_model(
             files.push(h.finish(f)?);
         }
     }
-    let hm = HostModel { tensors, files };
+    // The BOS prefix (hexq_model::prefix): position 0's K/V and hidden state in f32, run on the host.
+    let pre = hexq_model::prefix::Prefix::compute(ck)?;
+    for (name, shape, v) in pre.tensors() {
+        let file = format!("{name}.f32");
+        let mut h = Hashed::create(&dir.join(&file))?;
+        let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        h.put(&b)?;
+        let f = h.finish(&file)?;
+        tensors.push(HostTensor {
+            name,
+            file,
+            shape,
+            dtype: "f32".into(),
+            bytes: f.bytes,
+            sha256: f.sha256,
+            scales: None,
+            row_multiplier: 1.0,
+        });
+    }
+    let hm = HostModel {
+        tensors,
+        files,
+        prefix_token: Some(pre.token),
+    };
     let p = dir.join(SIDECAR);
     let mut s = serde_json::to_string_pretty(&hm).unwrap();
     s.push('\n');

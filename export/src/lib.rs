@@ -279,7 +279,11 @@ fn write_json(p: &Path, v: &impl Serialize) -> Result<()> {
 
 /// Write one variant's artifacts into `dir` (a staging directory the caller renames into place):
 /// `<variant>.onnx` + `.data`, `<variant>.encodings.json`, `host-model/`, `io-contract.json`, `manifest.json`.
-pub fn export(ck: &Checkpoint, dir: &Path, o: &Options) -> Result<serde_json::Value> {
+pub fn export(
+    ck: &std::sync::Arc<Checkpoint>,
+    dir: &Path,
+    o: &Options,
+) -> Result<serde_json::Value> {
     let (v, int8kv) = (o.variant, o.variant.int8_kv());
     let g = build(&ck.config, v, &o.graph);
     g.validate().map_err(|e| Error::Graph {

@@ -48,6 +48,10 @@ impl KvCache {
             len: 0,
         }
     }
+    /// K and V of an owning layer, [Hkv, T, d] each.
+    pub fn layer(&self, i: usize) -> Option<&(Tensor, Tensor)> {
+        self.kv.get(i)?.as_ref()
+    }
 }
 
 /// Per-position hidden states of one trunk call: `[h0, out_0, …, out_{L-1}, final_normed]`, each [S, H].
@@ -58,23 +62,33 @@ pub struct Host {
     pub ckpt: Arc<Checkpoint>,
     pub cfg: ModelConfig,
     dev: Device,
-    /// [V, H] f32, the tied (or untied) head.
-    head: Tensor,
+    /// [V, H] f32, the tied (or untied) head; None for a lookups-only host ([`Host::lookups`]).
+    head: Option<Tensor>,
     embed_scale: f32,
     ple_scale: f32,
 }
 
 impl Host {
     pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self> {
-        let dev = Device::Cpu;
-        let cfg = ckpt.config.clone();
-        let head_name = if cfg.tie_word_embeddings {
+        let mut h = Self::lookups(ckpt)?;
+        let head_name = if h.cfg.tie_word_embeddings {
             names::EMBED
         } else {
             names::LM_HEAD
         };
-        let hi = ckpt.info(head_name)?;
-        let head = Tensor::from_vec(ckpt.store.to_f32(hi), hi.shape.as_slice(), &dev)?;
+        let hi = h.ckpt.info(head_name)?;
+        h.head = Some(Tensor::from_vec(
+            h.ckpt.store.to_f32(hi),
+            hi.shape.as_slice(),
+            &h.dev,
+        )?);
+        Ok(h)
+    }
+
+    /// Embedding lookups only, no head in memory (the [V, H] f32 head is 1.6 GB at E2B size).
+    pub fn lookups(ckpt: Arc<Checkpoint>) -> Result<Self> {
+        let dev = Device::Cpu;
+        let cfg = ckpt.config.clone();
         let embed_dt = ckpt.info(names::EMBED)?.dtype;
         let ple_dt = if cfg.ple_dim > 0 {
             ckpt.info(names::EMBED_PLE)?.dtype
@@ -84,7 +98,7 @@ impl Host {
         Ok(Host {
             embed_scale: cfg.embed_scale(embed_dt),
             ple_scale: cfg.ple_embed_scale(ple_dt),
-            head,
+            head: None,
             cfg,
             dev,
             ckpt,
@@ -151,7 +165,10 @@ impl Host {
 
     /// logits [S, V] = h @ E^T, then softcap c·tanh(x/c) when configured.
     pub fn lm_head(&self, h: &Tensor) -> Result<Tensor> {
-        let logits = mm_t(h, &self.head)?;
+        let head = self.head.as_ref().ok_or_else(|| {
+            crate::Error::Usage("lm_head on a lookups-only host (Host::lookups)".into())
+        })?;
+        let logits = mm_t(h, head)?;
         Ok(match self.cfg.final_logit_softcapping {
             Some(cap) => ((logits / cap)?.tanh()? * cap)?,
             None => logits,
@@ -169,6 +186,51 @@ pub struct Model {
     ple_proj_norm: Option<Tensor>,
     final_norm: Tensor,
     inv_freq: std::collections::BTreeMap<String, Vec<f32>>,
+}
+
+/// One layer's weights as f32 tensors; `release` drops their mapped pages once read (streamed forwards).
+fn load_layer(ckpt: &Checkpoint, l: &LayerSpec, release: bool) -> Result<LayerW> {
+    let cfg = &ckpt.config;
+    let t = |name: &str| -> Result<Tensor> {
+        let info = ckpt.info(name)?;
+        let v = ckpt.f32(name)?;
+        if release {
+            ckpt.store.release(info);
+        }
+        Ok(Tensor::from_vec(v, info.shape.as_slice(), &Device::Cpu)?)
+    };
+    let opt = |name: &str, cond: bool| -> Result<Option<Tensor>> {
+        if cond {
+            t(name).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let (i, ple) = (l.index, cfg.ple_dim > 0);
+    let own = l.kv_mode != KvMode::Reuse;
+    Ok(LayerW {
+        spec: l.clone(),
+        input_ln: t(&LT::InputNorm.name(i))?,
+        post_attn_ln: t(&LT::PostAttnNorm.name(i))?,
+        pre_ff_ln: t(&LT::PreFfnNorm.name(i))?,
+        post_ff_ln: t(&LT::PostFfnNorm.name(i))?,
+        q: t(&LT::Q.name(i))?,
+        q_norm: t(&LT::QNorm.name(i))?,
+        k: opt(&LT::K.name(i), own)?,
+        v: opt(&LT::V.name(i), own && !l.k_eq_v)?,
+        k_norm: opt(&LT::KNorm.name(i), own)?,
+        o: t(&LT::O.name(i))?,
+        gate: t(&LT::Gate.name(i))?,
+        up: t(&LT::Up.name(i))?,
+        down: t(&LT::Down.name(i))?,
+        ple_gate: opt(&LT::PleGate.name(i), ple)?,
+        ple_proj: opt(&LT::PleProj.name(i), ple)?,
+        ple_post_ln: opt(&LT::PlePostNorm.name(i), ple)?,
+        scalar: match LT::Scalar.present(cfg, l) {
+            true => ckpt.f32(&LT::Scalar.name(i))?[0],
+            false => 1.0,
+        },
+    })
 }
 
 pub fn mm_t(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
@@ -221,31 +283,7 @@ impl Model {
         let ple = cfg.ple_dim > 0;
         let mut layers = Vec::new();
         for l in &cfg.layers {
-            let i = l.index;
-            let own = l.kv_mode != KvMode::Reuse;
-            layers.push(LayerW {
-                spec: l.clone(),
-                input_ln: t(&LT::InputNorm.name(i))?,
-                post_attn_ln: t(&LT::PostAttnNorm.name(i))?,
-                pre_ff_ln: t(&LT::PreFfnNorm.name(i))?,
-                post_ff_ln: t(&LT::PostFfnNorm.name(i))?,
-                q: t(&LT::Q.name(i))?,
-                q_norm: t(&LT::QNorm.name(i))?,
-                k: opt(&LT::K.name(i), own)?,
-                v: opt(&LT::V.name(i), own && !l.k_eq_v)?,
-                k_norm: opt(&LT::KNorm.name(i), own)?,
-                o: t(&LT::O.name(i))?,
-                gate: t(&LT::Gate.name(i))?,
-                up: t(&LT::Up.name(i))?,
-                down: t(&LT::Down.name(i))?,
-                ple_gate: opt(&LT::PleGate.name(i), ple)?,
-                ple_proj: opt(&LT::PleProj.name(i), ple)?,
-                ple_post_ln: opt(&LT::PlePostNorm.name(i), ple)?,
-                scalar: match LT::Scalar.present(&cfg, l) {
-                    true => ckpt.f32(&LT::Scalar.name(i))?[0],
-                    false => 1.0,
-                },
-            });
+            layers.push(load_layer(&ckpt, l, false)?);
         }
         let inv_freq = cfg
             .rope
@@ -259,6 +297,42 @@ impl Model {
             inv_freq,
             host: Host::load(ckpt.clone())?,
             layers,
+            cfg,
+            dev,
+            ckpt,
+        })
+    }
+
+    /// The decoder without its layers in memory: [`Self::trunk`] reads each layer's weights when it reaches
+    /// it and drops them after (peak memory one layer, not the model) — for one-off forwards such as the
+    /// BOS prefix at export time.
+    pub fn streamed(ckpt: Arc<Checkpoint>) -> Result<Self> {
+        let dev = Device::Cpu;
+        let cfg = ckpt.config.clone();
+        let t = |name: &str| -> Result<Tensor> {
+            let info = ckpt.info(name)?;
+            Ok(Tensor::from_vec(
+                ckpt.f32(name)?,
+                info.shape.as_slice(),
+                &dev,
+            )?)
+        };
+        let ple = cfg.ple_dim > 0;
+        Ok(Model {
+            ple_model_proj: if ple { Some(t(names::PLE_PROJ)?) } else { None },
+            ple_proj_norm: if ple {
+                Some(t(names::PLE_PROJ_NORM)?)
+            } else {
+                None
+            },
+            final_norm: t(names::FINAL_NORM)?,
+            inv_freq: cfg
+                .rope
+                .iter()
+                .map(|(k, r)| (k.clone(), r.inv_freq()))
+                .collect(),
+            host: Host::lookups(ckpt.clone())?,
+            layers: vec![],
             cfg,
             dev,
             ckpt,
@@ -372,7 +446,15 @@ impl Model {
         }
         let mut h = h0.clone();
         let hq = c.num_heads;
-        for lw in &self.layers {
+        for spec in &c.layers {
+            let streamed;
+            let lw = match self.layers.get(spec.index) {
+                Some(w) => w,
+                None => {
+                    streamed = load_layer(&self.ckpt, spec, true)?;
+                    &streamed
+                }
+            };
             let l = &lw.spec;
             let d = l.head_dim;
             let (cos, sin) = &ropes[&l.kind];

@@ -33,5 +33,9 @@ pub struct HostTensor {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HostModel {
     pub tensors: Vec<HostTensor>,
+    /// The token whose position-0 K/V and hidden state are stored as `prefix.*` tensors (f32), written into
+    /// the KV buffers by the host instead of running the graphs ([`crate::prefix`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_token: Option<u32>,
     pub files: Vec<HostFile>,
 }

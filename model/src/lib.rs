@@ -4,6 +4,7 @@
 //! - [`names`]: the tensor table (names, shapes, roles);
 //! - [`weights`] / [`checkpoint`]: memory-mapped safetensors, lazily read, validated at open;
 //! - [`forward`]: the exact f32 reference forward (candle), split host/device;
+//! - [`prefix`]: the BOS position computed on the host (device graphs start at position 1);
 //! - [`chat`]: tokenizer and chat template; [`spm`]: SentencePiece's `tokenizer.model`;
 //! - [`synth`]: random-weight checkpoints at any config (full-size benchmarks without the real weights).
 
@@ -14,6 +15,7 @@ pub mod error;
 pub mod forward;
 pub mod hostmodel;
 pub mod names;
+pub mod prefix;
 pub mod spm;
 pub mod synth;
 pub mod weights;

@@ -9,6 +9,7 @@ use hexq_graph::build::{past_key, past_value, present_key, present_value};
 use hexq_graph::interp::{Hook, Interpreter, NoHook};
 use hexq_graph::Graph;
 use hexq_model::forward::{to_rows, Host};
+use hexq_model::prefix::Prefix;
 use std::collections::HashMap;
 
 /// A generator of N embedding values (replacing the token lookup).
@@ -25,6 +26,9 @@ pub struct GraphBackend {
     /// Final hidden state of the last position fed (for verification).
     pub last_hidden: Vec<f32>,
     pub hook: Option<Box<dyn Hook + Send>>,
+    /// Position 0 (BOS) computed in f32 on the host, as exports ship it (hexq_model::prefix): the graphs —
+    /// and calibration's observers — see positions 1.. only.
+    pub prefix: Option<Prefix>,
     /// When set, replaces the host's embeddings by these values (calibration failure-mode demos).
     pub noise: Option<Noise>,
 }
@@ -67,6 +71,7 @@ impl GraphBackend {
             last_hidden: vec![],
             hook: None,
             noise: None,
+            prefix: None,
         };
         b.reset();
         Ok(b)
@@ -89,7 +94,29 @@ impl GraphBackend {
         } else {
             None
         };
-        GraphBackend::new(Host::load(ck.clone())?, d, t, o.context)
+        let mut b = GraphBackend::new(Host::load(ck.clone())?, d, t, o.context)?;
+        b.prefix = Some(Prefix::compute(ck)?);
+        Ok(b)
+    }
+
+    /// Position 0 from the prefix when `ids` start with its token there: K/V into ring slot 0, no graph
+    /// run. Returns position 0's hidden state.
+    fn take_prefix(&mut self, ids: &[u32]) -> Result<Option<Vec<f32>>> {
+        let Some(p) = self.prefix.as_ref() else {
+            return Ok(None);
+        };
+        if self.pos != 0 || ids.first() != Some(&p.token) {
+            return Ok(None);
+        }
+        for (name, heads, x) in p.entries() {
+            if let Some(t) = self.kv.get_mut(&name) {
+                let mut v = t.flatten_all()?.to_vec1::<f32>()?;
+                hexq_model::prefix::write_slot0(&mut v, heads, x);
+                *t = Tensor::from_vec(v, t.dims(), &Device::Cpu)?;
+            }
+        }
+        self.pos = 1;
+        Ok(Some(p.hidden.clone()))
     }
 
     /// Apply `hook` to the graphs' weights and constants once (see [`Interpreter::bake`]).
@@ -184,6 +211,9 @@ impl GraphBackend {
     /// One token through the decode graph; returns the final hidden state [H].
     pub fn step(&mut self, id: u32) -> Result<Vec<f32>> {
         self.check_room(1)?;
+        if let Some(h) = self.take_prefix(&[id])? {
+            return Ok(h);
+        }
         let mut ins = self.host_inputs(&[id], 1)?;
         ins.insert(
             "cache_position".into(),
@@ -203,6 +233,13 @@ impl GraphBackend {
         let seq = self.trunk.as_ref().unwrap().graph.inputs[0].ty.shape[1];
         assert!(!ids.is_empty() && ids.len() <= seq);
         self.check_room(ids.len())?;
+        if let Some(h) = self.take_prefix(ids)? {
+            let mut out = vec![h];
+            if ids.len() > 1 {
+                out.extend(self.chunk(&ids[1..])?);
+            }
+            return Ok(out);
+        }
         let mut ins = self.host_inputs(ids, seq)?;
         ins.insert(
             "valid_len".into(),

@@ -8,6 +8,7 @@ use crate::Result;
 use candle_core::{Device, Tensor};
 use half::{bf16, f16};
 use hexq_model::hostmodel::{HostModel, HostTensor, SIDECAR};
+use hexq_model::prefix::{self, Prefix, PrefixKv};
 use hexq_model::ModelConfig;
 use memmap2::Mmap;
 use std::path::{Path, PathBuf};
@@ -130,6 +131,64 @@ impl Table {
     }
 }
 
+/// The `prefix.*` tensors of the sidecar back into a [`Prefix`]: one K and one V per KV-owning layer.
+fn read_prefix(dir: &Path, hm: &HostModel, token: u32, cfg: &ModelConfig) -> Result<Prefix> {
+    let sp = dir.join(SIDECAR);
+    let get = |name: &str| -> Result<Vec<f32>> {
+        let t = hm.tensors.iter().find(|t| t.name == name).ok_or_else(|| {
+            Error::file(&sp, format!("prefix_token is set but {name} is missing"))
+        })?;
+        if t.dtype != "f32" {
+            return Err(Error::file(
+                &sp,
+                format!("{name}: prefix tensors are f32, not {}", t.dtype),
+            ));
+        }
+        Ok(Table::open(dir, t)?.raw_row(0))
+    };
+    let mut kv = Vec::new();
+    for l in cfg
+        .layers
+        .iter()
+        .filter(|l| l.kv_mode != hexq_model::KvMode::Reuse)
+    {
+        let (k, v) = (
+            get(&prefix::host_name(&format!("past_key_{}", l.index)))?,
+            get(&prefix::host_name(&format!("past_value_{}", l.index)))?,
+        );
+        if k.len() != l.num_kv_heads * l.head_dim || v.len() != k.len() {
+            return Err(Error::file(
+                &sp,
+                format!(
+                    "prefix K/V of layer {} have {} values, expected {}",
+                    l.index,
+                    k.len(),
+                    l.num_kv_heads * l.head_dim
+                ),
+            ));
+        }
+        kv.push(PrefixKv {
+            layer: l.index,
+            heads: l.num_kv_heads,
+            k,
+            v,
+        });
+    }
+    let hidden = get(prefix::HIDDEN)?;
+    if hidden.len() != cfg.hidden_size {
+        return Err(Error::file(
+            &sp,
+            format!(
+                "{}: {} values, expected hidden_size {}",
+                prefix::HIDDEN,
+                hidden.len(),
+                cfg.hidden_size
+            ),
+        ));
+    }
+    Ok(Prefix { token, kv, hidden })
+}
+
 pub struct HostFiles {
     pub dir: PathBuf,
     pub cfg: ModelConfig,
@@ -137,6 +196,8 @@ pub struct HostFiles {
     pub ple: Option<Table>,
     /// [V, H] f32 head (tied: the embedding without its scale).
     head: Tensor,
+    /// Position 0 computed on the host (hexq_model::prefix), when the export carries it.
+    pub prefix: Option<Prefix>,
 }
 
 impl HostFiles {
@@ -178,7 +239,12 @@ impl HostFiles {
             hv.extend(head_t.raw_row(r));
         }
         let head = Tensor::from_vec(hv, (head_t.rows, head_t.cols), &Device::Cpu)?;
+        let prefix = match hm.prefix_token {
+            Some(token) => Some(read_prefix(dir, &hm, token, &cfg)?),
+            None => None,
+        };
         Ok(HostFiles {
+            prefix,
             dir: dir.to_path_buf(),
             cfg,
             embed,

@@ -576,10 +576,30 @@ impl OrtBackend {
         Ok(h.to_vec())
     }
 
+    /// Position 0 from host-model/'s prefix when `ids` start with its token there: K/V written into ring
+    /// slot 0 of the current buffers, no graph run (hexq_model::prefix). Returns position 0's hidden state.
+    fn take_prefix(&mut self, ids: &[u32]) -> Option<Vec<f32>> {
+        let p = self.host.prefix.as_ref()?;
+        if self.pos != 0 || ids.first() != Some(&p.token) {
+            return None;
+        }
+        for (name, heads, x) in p.entries() {
+            if let Some(pair) = self.kv.get_mut(&name) {
+                let cur = pair.cur;
+                hexq_model::prefix::write_slot0(pair.bufs[cur].extract_tensor_mut().1, heads, x);
+            }
+        }
+        self.pos = 1;
+        Some(p.hidden.clone())
+    }
+
     /// One token through the decode graph; returns the final hidden state [H].
     pub fn step(&mut self, id: u32) -> Result<Vec<f32>> {
         if self.pos + 1 > self.context {
             return Err(Error::ContextFull(format!("at position {}", self.pos)));
+        }
+        if let Some(h) = self.take_prefix(&[id]) {
+            return Ok(h);
         }
         if self.decode.is_none() {
             return Ok(self.chunk(&[id])?.pop().unwrap());
@@ -603,6 +623,13 @@ impl OrtBackend {
             .1[1];
         if self.pos + ids.len() > self.context {
             return Err(Error::ContextFull(format!("at position {}", self.pos)));
+        }
+        if let Some(h) = self.take_prefix(ids) {
+            let mut out = vec![h];
+            if ids.len() > 1 {
+                out.extend(self.chunk(&ids[1..])?);
+            }
+            return Ok(out);
         }
         let ins = self.inputs(ids, seq, true)?;
         let h = self.run(true, ins)?;

@@ -179,7 +179,7 @@ pub fn run(a: Args) -> Result<()> {
 /// onnxruntime on a scratch export of the variant in `dir`: calibration params baked into f32 weights,
 /// every float tensor an output.
 fn ort_engine(
-    ck: &Checkpoint,
+    ck: &Arc<Checkpoint>,
     o: &hexq_calibrate::Options,
     params: Option<&CalibrationParams>,
     dir: &std::path::Path,

@@ -73,7 +73,7 @@ impl Args {
 
 pub fn run(a: Args) -> Result<()> {
     let dir = model_dir(a.model.clone())?;
-    let ck = Checkpoint::open(&dir)?;
+    let ck = std::sync::Arc::new(Checkpoint::open(&dir)?);
     let enc = match &a.encodings {
         Some(p) => Some((p.as_path(), read_json::<hexq_quantize::Encodings>(p)?)),
         None => None,

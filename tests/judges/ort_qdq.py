@@ -6,7 +6,7 @@ position.
 
 usage: ort_qdq.py EXPORT_DIR CASES_JSON [STEP0_JSON]
   CASES_JSON: {"variant": "decode_wgqa", "prompts": [{"id", "ids", "hidden": [[H]...], "top1"}]}
-  STEP0_JSON: {tensor: [values]} — every tensor of hexq's quantsim on the first token of the first prompt;
+  STEP0_JSON: {tensor: [values]} — every tensor of hexq's quantsim on the second token of the first prompt (at position 0);
               compared with the same tensors (their dequantized copies) inside onnxruntime, element by element.
 prints a JSON report; exits non-zero on a failure to run.
 """
@@ -43,6 +43,8 @@ def load_host(d):
             q = np.stack([np.where(lo > 7, lo - 16, lo), np.where(hi > 7, hi - 16, hi)], -1).ravel()
             v = (q.astype(np.float32).reshape(len(s), -1) * s[:, None]).ravel()
         out[t["name"]] = (v.reshape(t["shape"]), np.float32(t["row_multiplier"]))
+    if meta.get("prefix_token") is not None:
+        out["__prefix_token__"] = meta["prefix_token"]
     return cfg, out
 
 
@@ -58,11 +60,29 @@ def step_feeds(cfg, host, t, pos):
     return f
 
 
+def prefix(host, kv, ids):
+    """Position 0 as hexq's host loop runs it (host-model.json `prefix_token`): when the ids start with that
+    token, its f32 K/V go into ring slot 0 of every past_* buffer and its hidden state is taken as is — no
+    graph run. Returns position 0's hidden state [1, 1, H], or None."""
+    tok = host.get("__prefix_token__")
+    if tok is None or not ids or ids[0] != tok:
+        return None
+    for name in kv:
+        k = "prefix." + name
+        if k in host:
+            kv[name][:, :, 0, :] = host[k][0][:, :, 0, :]
+    return host["prefix.hidden_states"][0].reshape(1, 1, -1)
+
+
 def decode(session, names, cfg, host, ids):
-    """Drive a decode graph token by token from empty KV (present_* fed back as past_*); yields each step's
-    outputs, in `names` order."""
+    """Drive a decode graph token by token from empty KV (present_* fed back as past_*), position 0 from the
+    host prefix when the export has one; yields each step's outputs, in `names` order."""
     kv = {i.name: np.zeros(i.shape, np.float32) for i in session.get_inputs() if i.name.startswith("past_")}
+    h0 = prefix(host, kv, ids)
     for pos, t in enumerate(ids):
+        if pos == 0 and h0 is not None:
+            yield [h0 if n == "hidden_states" else kv.get("past_" + n[len("present_"):]) for n in names]
+            continue
         outs = session.run(None, {**step_feeds(cfg, host, t, pos), **kv})
         for n, v in zip(names, outs):
             if n.startswith("present_"):
@@ -139,7 +159,8 @@ def main(exp, cases, step0=None):
 
     if step0:
         # onnx.load resolves external data relative to the model file.
-        feeds = step_feeds(cfg, host, spec["prompts"][0]["ids"][0], 0)
+        # the prompt's second token: its first (BOS) is the host prefix and never runs through the graph
+        feeds = step_feeds(cfg, host, spec["prompts"][0]["ids"][1], 0)
         feeds.update({i.name: np.zeros(i.shape, np.float32) for i in s.get_inputs() if i.name.startswith("past_")})
         enc = json.loads((exp / f"{spec['variant']}.encodings.json").read_text())["activation_encodings"]
         step0_report = tensor_by_tensor(path, feeds, json.loads(Path(step0).read_text()), enc)
