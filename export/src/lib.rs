@@ -267,6 +267,7 @@ pub fn io_contract_json(g: &Graph, enc: Option<&Encodings>) -> serde_json::Value
         "inputs": g.inputs.iter().map(io).collect::<Vec<_>>(),
         "outputs": g.outputs.iter().map(io).collect::<Vec<_>>(),
         "kv_feedback": "after each call feed present_key_N/present_value_N back as past_key_N/past_value_N",
+        "prefix": "position 0, when the prompt starts with host-model.json's prefix_token (BOS): no graph call — copy host-model/prefix.past_key_N / prefix.past_value_N ([1, Hkv, 1, d] f32) into entry 0 of the zeroed past_key_N / past_value_N buffers and take prefix.hidden_states as position 0's hidden state; the first graph call is at position 1",
         "host": "tokens → chat template → host-model embeddings (rows × row_multiplier) → graph → hidden_states @ embed_tokens^T → 30·tanh(x/30) → argmax; stop on 106 or 1",
     })
 }
