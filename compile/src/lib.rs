@@ -10,6 +10,8 @@
 //! Per-target settings come from one table, compile-scripts/htp_targets.json (embedded). Outputs land in the
 //! export directory atomically (temp dir, then rename), and are recorded in manifest.json and SHA256SUMS.
 
+pub mod shared;
+
 use anyhow::{anyhow, bail, Context, Result};
 use hexq_fsutil::{sha256_file, write_atomic};
 use serde_json::{json, Value};
@@ -153,7 +155,7 @@ fn ort_qnn(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
 }
 
 /// Runs compile-scripts/ort_qnn_compile.py (fed on stdin) and returns its JSON report.
-fn run_script(cmd: &[String], onnx: &Path) -> Result<Value> {
+pub(crate) fn run_script(cmd: &[String], onnx: &Path) -> Result<Value> {
     let mut child = Command::new(&cmd[0])
         .args(&cmd[1..])
         .stdin(Stdio::piped())
@@ -293,7 +295,7 @@ impl Drop for TmpDir {
     }
 }
 
-fn spinner(msg: &str) -> indicatif::ProgressBar {
+pub(crate) fn spinner(msg: &str) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new_spinner();
     pb.set_message(msg.to_string());
     pb.enable_steady_tick(std::time::Duration::from_millis(200));

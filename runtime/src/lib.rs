@@ -141,6 +141,10 @@ pub struct Generation {
     /// "stop_token" (106 or 1 emitted; not included in text), "max_tokens" or "context_full".
     pub stop_reason: String,
     pub prefill_seconds: f64,
+    /// Prompt tokens per second of prefill (trunk chunks when the backend has a trunk).
+    pub prefill_tokens_per_second: f64,
+    /// Time to first token: the prompt's prefill, whose last logits give the first generated token.
+    pub ttft_seconds: f64,
     pub decode_seconds: f64,
     pub decode_tokens_per_second: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -197,6 +201,7 @@ pub fn generate(
 ) -> Result<Generation> {
     let prompt_ids = tok.encode_chat(messages)?;
     let (ids, reason, prefill, decode) = generate_ids(b, &prompt_ids, max_tokens)?;
+    let n_prompt = prompt_ids.len();
     let body: Vec<u32> = ids
         .iter()
         .copied()
@@ -212,6 +217,12 @@ pub fn generate(
         text,
         stop_reason: reason,
         prefill_seconds: prefill,
+        prefill_tokens_per_second: if prefill > 0.0 {
+            n_prompt as f64 / prefill
+        } else {
+            0.0
+        },
+        ttft_seconds: prefill,
         decode_seconds: decode,
         decode_tokens_per_second: if decode > 0.0 {
             steps as f64 / decode

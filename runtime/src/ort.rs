@@ -186,7 +186,9 @@ pub struct Graph {
 impl Graph {
     /// `optimize`: onnxruntime's graph rewrites; off for QDQ graphs, whose fused QDQ kernels change the
     /// arithmetic (measured: one MatMul 86 int16 steps from DequantizeLinear→MatMul→QuantizeLinear).
-    pub fn load(onnx: &Path, threads: usize, ep: &Ep, optimize: bool) -> Result<Self> {
+    /// `share`: the graph is one of several in a shared QNN context binary (`hexq compile --out`): the
+    /// sessions share one loaded context (`ep.share_ep_contexts`) instead of loading the binary each.
+    pub fn load(onnx: &Path, threads: usize, ep: &Ep, optimize: bool, share: bool) -> Result<Self> {
         let env = init()?;
         let mut b = Session::builder(env).map_err(|e| oe("session builder", e))?;
         if threads > 0 {
@@ -219,6 +221,11 @@ impl Graph {
                 (p("backend_path"), q.htp.to_string_lossy().to_string()),
                 (p("htp_arch"), arch),
             ];
+            if share {
+                b = b
+                    .with_config_entry("ep.share_ep_contexts", "1")
+                    .map_err(|e| oe("config", e))?;
+            }
             b = b
                 .with_config_entry("session.disable_cpu_ep_fallback", "1")
                 .map_err(|e| oe("config", e))?
@@ -272,8 +279,10 @@ pub struct OrtBackend {
     pub pos: usize,
     pub context: usize,
     pub last_hidden: Vec<f32>,
-    /// Sessions created (graphs load once per backend, not per step); for `qnn`, QNN contexts created.
+    /// Sessions created (graphs load once per backend, not per step).
     pub sessions_created: usize,
+    /// For `qnn`: QNN contexts loaded — one per binary, so one for a shared prefill+decode build.
+    pub contexts: usize,
     /// KV buffers allocated over the backend's life (2 per KV tensor: allocated once, reused every step).
     pub kv_buffers_allocated: usize,
     pub steps: usize,
@@ -352,21 +361,75 @@ pub fn graph_for(dir: &Path, ep: &Ep) -> Result<(String, PathBuf, bool)> {
     }
 }
 
+/// Every graph a directory runs on `ep`: one for an export ([`graph_for`]); both for a shared-context build
+/// (`hexq compile --artifacts D --artifacts T --out B`), whose EPContext graphs share one binary per target.
+/// Returns (variant, path, optimize, shared).
+pub fn graphs_for(dir: &Path, ep: &Ep) -> Result<Vec<(String, PathBuf, bool, bool)>> {
+    let m = manifest(dir)?;
+    if m["kind"] != "shared-context" {
+        let (v, p, o) = graph_for(dir, ep)?;
+        return Ok(vec![(v, p, o, false)]);
+    }
+    let mp = dir.join("manifest.json");
+    let Ep::Qnn { target } = ep else {
+        return Err(Error::file(
+            &mp,
+            "a shared-context build holds compiled binaries only: run it with --backend qnn",
+        ));
+    };
+    let c = m["compiled"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["target"] == target.as_str()))
+        .ok_or_else(|| Error::file(&mp, format!("no binary for {target} in this build")))?;
+    // Measured with onnxruntime-qnn 2.7.0: the x86-64 HTP simulator segfaults deserializing a weight-shared
+    // context (even one graph of it, with or without ep.share_ep_contexts); onnxruntime-qnn's own tests
+    // (qnn_ep_context_test.cc, QnnContextShareAcrossSessions) load such binaries only on aarch64 devices.
+    if cfg!(target_arch = "x86_64") && std::env::var_os("HEXQ_QNN_LOAD_SHARED").is_none() {
+        return Err(Error::Unsupported(format!(
+            "{}: a weight-shared context binary loads on the device (aarch64) only — onnxruntime-qnn's x86-64 HTP simulator crashes deserializing one; on this host run the per-graph binaries (`hexq compile` each export, then --artifacts DECODE --artifacts TRUNK), or set HEXQ_QNN_LOAD_SHARED=1 to try",
+            dir.display()
+        )));
+    }
+    if !dir.join(c["bin"].as_str().unwrap_or_default()).exists() {
+        return Err(Error::file(&mp, format!("{} is missing", c["bin"])));
+    }
+    let mut out = Vec::new();
+    for g in c["graphs"].as_array().into_iter().flatten() {
+        let p = dir.join(g["onnx"].as_str().unwrap_or_default());
+        if !p.exists() {
+            return Err(Error::file(&p, "missing (the manifest lists it)"));
+        }
+        out.push((
+            g["variant"].as_str().unwrap_or_default().to_string(),
+            p,
+            true,
+            true,
+        ));
+    }
+    Ok(out)
+}
+
 impl OrtBackend {
-    /// From export directories: one decode variant, optionally a trunk; host-model/ from the first that has one.
+    /// From export directories (or one shared-context build): one decode variant, optionally a trunk;
+    /// host-model/ from the first that has one.
     pub fn open(dirs: &[PathBuf], threads: usize, ep: Ep) -> Result<Self> {
         let (mut decode, mut trunk, mut host) = (None, None, None);
+        let mut contexts = 0;
         for d in dirs {
-            let (v, p, opt) = graph_for(d, &ep)?;
-            if v == "trunk" {
-                trunk = Some(Graph::load(&p, threads, &ep, opt)?);
-            } else if decode.is_none() {
-                decode = Some(Graph::load(&p, threads, &ep, opt)?);
-            } else {
-                return Err(Error::file(
-                    d,
-                    "a second decode graph (give one decode export and at most one trunk)",
-                ));
+            let gs = graphs_for(d, &ep)?;
+            // Sessions sharing one binary load one QNN context between them.
+            contexts += if gs.iter().any(|g| g.3) { 1 } else { gs.len() };
+            for (v, p, opt, share) in gs {
+                if v == "trunk" {
+                    trunk = Some(Graph::load(&p, threads, &ep, opt, share)?);
+                } else if decode.is_none() {
+                    decode = Some(Graph::load(&p, threads, &ep, opt, share)?);
+                } else {
+                    return Err(Error::file(
+                        d,
+                        "a second decode graph (give one decode export and at most one trunk)",
+                    ));
+                }
             }
             if host.is_none() && d.join("host-model").is_dir() {
                 host = Some(HostFiles::open(&d.join("host-model"))?);
@@ -414,6 +477,7 @@ impl OrtBackend {
             context,
             last_hidden: vec![],
             sessions_created: n,
+            contexts,
             kv_buffers_allocated,
             steps: 0,
             capture: None,
@@ -686,7 +750,7 @@ impl Backend for OrtBackend {
         });
         if let Ep::Qnn { target } = &self.ep {
             v["target"] = target.as_str().into();
-            v["contexts_created"] = self.sessions_created.into();
+            v["contexts_created"] = self.contexts.into();
             if std::env::var_os("HEXQ_COUNT_QNN_CONTEXTS").is_some() {
                 v["qnn_ep_context_loads"] = QNN_CONTEXT_LOADS
                     .load(std::sync::atomic::Ordering::SeqCst)

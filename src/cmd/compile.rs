@@ -6,12 +6,18 @@ use std::path::PathBuf;
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
-    /// A `hexq export` directory (QDQ for ort-qnn; float + encodings for qairt).
-    #[arg(long)]
-    pub artifacts: PathBuf,
-    /// v79 (SM8750), v81 (SM8850), v75 (SM8650): compile-scripts/htp_targets.json.
+    /// A `hexq export` directory (QDQ for ort-qnn; float + encodings for qairt). Twice — a decode export
+    /// and a trunk export — with --out: one context binary per target holding both graphs, weights stored
+    /// once (ort-qnn).
+    #[arg(long, required = true)]
+    pub artifacts: Vec<PathBuf>,
+    /// v79 (SM8750), v81 (SM8850), v75 (SM8650): compile-scripts/htp_targets.json. A shared compile takes a
+    /// comma-separated list (v79,v81).
     #[arg(long)]
     pub target: String,
+    /// The shared build's directory (two --artifacts); a single export is compiled in place.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Toolchain::OrtQnn)]
     pub toolchain: Toolchain,
     /// Write (qairt) or print (ort-qnn) what would run, without running it.
@@ -30,8 +36,9 @@ pub struct Args {
 impl Args {
     pub fn new(artifacts: PathBuf, target: &str) -> Self {
         Args {
-            artifacts,
+            artifacts: vec![artifacts],
             target: target.into(),
+            out: None,
             toolchain: Toolchain::OrtQnn,
             dry_run: false,
             calib_steps: 8,
@@ -42,8 +49,39 @@ impl Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let targets: Vec<String> = a.target.split(',').map(|t| t.trim().to_string()).collect();
+    match (a.artifacts.len(), &a.out) {
+        (1, None) => {}
+        (2, Some(out)) => {
+            if a.toolchain != Toolchain::OrtQnn || a.dry_run {
+                anyhow::bail!("a shared prefill+decode binary is compiled with --toolchain ort-qnn (no --dry-run)");
+            }
+            return hexq_compile::shared::compile_shared(hexq_compile::shared::SharedArgs {
+                dirs: a.artifacts,
+                out: out.clone(),
+                targets,
+                force: a.force,
+                json: a.json,
+            });
+        }
+        (2, None) => anyhow::bail!(
+            "two --artifacts compile into one shared binary: give its directory with --out"
+        ),
+        (1, Some(_)) => anyhow::bail!(
+            "--out is for a shared compile of two exports (a single export is compiled in place)"
+        ),
+        (n, _) => anyhow::bail!(
+            "--artifacts given {n} times: one export, or a decode and a trunk export with --out"
+        ),
+    }
+    if targets.len() != 1 {
+        anyhow::bail!(
+            "--target {}: one target per single-export compile",
+            a.target
+        );
+    }
     hexq_compile::compile(hexq_compile::Args {
-        dir: a.artifacts,
+        dir: a.artifacts[0].clone(),
         target: a.target,
         toolchain: a.toolchain,
         dry_run: a.dry_run,
