@@ -36,6 +36,10 @@ enum Cmd {
     /// The main job end to end on a model (default: the bundled tiny Gemma-4), ending with a table of every
     /// stage; stages whose tool is not installed are skipped with the command that enables them.
     Pipeline(cmd::pipeline::Args),
+    /// Rebuild an artifact set from a recipe (recipes/*.toml): calibrate → quantize → export → compile
+    /// (optionally one weight-shared prefill+decode binary per target) and GGUF files; resumable, with a
+    /// manifest of every input's and output's SHA256.
+    Build(cmd::build::Args),
     /// Export one variant's artifacts: <variant>.onnx + .data (float, or QDQ with --qdq), the encodings beside
     /// it, host-model/ (vocab tensors + tokenizer), io-contract.json, manifest.json (sizes, SHA256s).
     Export(cmd::export::Args),
@@ -74,6 +78,7 @@ fn main() {
         Cmd::Quantize(a) => cmd::quantize::run(a),
         Cmd::Verify(a) => cmd::verify::run(a),
         Cmd::Pipeline(a) => cmd::pipeline::run(a),
+        Cmd::Build(a) => cmd::build::run(a),
         Cmd::Export(a) => cmd::export::run(a),
         Cmd::Gguf(a) => cmd::gguf::run(a),
         Cmd::Ablate(a) => cmd::ablate::run(a),

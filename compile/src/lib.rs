@@ -134,7 +134,7 @@ fn ort_qnn(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
         "bin": bin.file_name().unwrap().to_string_lossy(), "onnx": ctx.file_name().unwrap().to_string_lossy(),
         "bin_sha256": sha256_file(&bin)?, "bin_bytes": std::fs::metadata(&bin)?.len(),
         "onnx_sha256": sha256_file(&ctx)?,
-        "nodes": rep["nodes"], "nodes_off_htp": 0, "seconds": rep["seconds"],
+        "nodes": rep["nodes"], "nodes_off_htp": 0,
         "onnxruntime": rep["onnxruntime"], "options": rep["options"],
         "command": std::env::args().collect::<Vec<_>>(),
     });

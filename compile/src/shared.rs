@@ -228,7 +228,7 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
         compiled.push(json!({
             "target": t, "toolchain": "ort-qnn", "soc": tt["soc"], "htp_arch": tt["htp_arch"],
             "bin": format!("{bin}.bin"), "bin_sha256": sha256_file(&bp)?, "bin_bytes": std::fs::metadata(&bp)?.len(),
-            "graphs": graphs, "seconds": rep["seconds"], "onnxruntime": rep["onnxruntime"], "options": rep["options"],
+            "graphs": graphs, "onnxruntime": rep["onnxruntime"], "options": rep["options"],
         }));
     }
     std::fs::remove_file(stage.path("htp_targets.json"))?;

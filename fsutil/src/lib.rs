@@ -155,6 +155,12 @@ pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
     out.commit()
 }
 
+/// SHA256 of bytes, as lowercase hex.
+pub fn sha256_bytes(b: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!("{:x}", Sha256::digest(b))
+}
+
 /// SHA256 of a file, streamed.
 pub fn sha256_file(p: &Path) -> Result<String> {
     use sha2::{Digest, Sha256};

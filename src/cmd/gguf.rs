@@ -63,7 +63,7 @@ pub fn run(a: Args) -> Result<()> {
         // The source's identity without a second pass over 10 GB: config.json's SHA256 and each
         // safetensors file's size and header SHA256 (names, dtypes, shapes, offsets).
         "source": {"dir": ck.dir.display().to_string(), "identity": hexq_export::source_identity(&ck)?},
-        "seconds": t0.elapsed().as_secs_f64(),
+        // No wall time here: the same inputs write a byte-identical manifest (hexq build).
     });
     let mp = PathBuf::from(format!("{}.manifest.json", out.display()));
     hexq_fsutil::write_atomic(

@@ -2,6 +2,7 @@
 //! with those same structs. What more than one command needs lives here.
 
 pub mod ablate;
+pub mod build;
 pub mod calibrate;
 pub mod compile;
 pub mod export;

@@ -1,0 +1,143 @@
+//! `hexq build --recipe`: byte-identical outputs and manifest when run twice, and resumption that redoes only
+//! the stages downstream of a changed input.
+
+mod common;
+
+use serde_json::Value;
+
+fn statuses(o: &std::process::Output) -> Vec<(String, String)> {
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["stage"].as_str().unwrap().to_string(),
+                s["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn tiny_recipe_is_deterministic_and_resumes_downstream_of_a_changed_dataset() {
+    let t = tempfile::tempdir().unwrap();
+    // recipes/tiny.toml, reading a copy of the calibration set this test may change.
+    let data = t.path().join("calibration.jsonl");
+    std::fs::copy(common::root().join("datasets/calibration.jsonl"), &data).unwrap();
+    let mut text = std::fs::read_to_string(common::root().join("recipes/tiny.toml"))
+        .unwrap()
+        .replace("datasets/calibration.jsonl", data.to_str().unwrap());
+    let qnn = common::judge("onnxruntime_qnn");
+    if !qnn {
+        text = text.split("[compile]").next().unwrap().to_string()
+            + "[[gguf]]\ntype = \"q4_0\"\npure = true\n";
+    }
+    let recipe = t.path().join("tiny.toml");
+    std::fs::write(&recipe, &text).unwrap();
+    let out = t.path().join("build");
+    let build = || {
+        common::hexq_ok(&[
+            "build",
+            "--recipe",
+            recipe.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ])
+    };
+    let first = statuses(&build());
+    assert!(first.iter().all(|(_, s)| s == "ran"), "{first:?}");
+    if qnn {
+        assert!(first.iter().any(|(n, _)| n.starts_with("compile shared")));
+        // The shared binary holds both graphs: their partition names are read back from the binary.
+        let m: Value = serde_json::from_slice(
+            &std::fs::read(out.join("prefill_decode/manifest.json")).unwrap(),
+        )
+        .unwrap();
+        for c in m["compiled"].as_array().unwrap() {
+            let g: Vec<&str> = c["graphs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|g| g["variant"].as_str().unwrap())
+                .collect();
+            assert_eq!(g, ["decode_wgqa", "trunk"], "{c}");
+        }
+    }
+    let manifest = std::fs::read(out.join("build-manifest.json")).unwrap();
+    // Twice: nothing redone, the manifest byte-identical.
+    let second = statuses(&build());
+    assert!(second.iter().all(|(_, s)| s == "reused"), "{second:?}");
+    assert_eq!(
+        std::fs::read(out.join("build-manifest.json")).unwrap(),
+        manifest
+    );
+    // A changed calibration prompt: calibration and everything downstream of it run again; the GGUF (which
+    // reads only the checkpoint) does not.
+    let d = std::fs::read_to_string(&data).unwrap();
+    std::fs::write(
+        &data,
+        d.replacen("\"content\": \"", "\"content\": \"Briefly: ", 1),
+    )
+    .unwrap();
+    let third = statuses(&build());
+    for (n, s) in &third {
+        let downstream = !n.starts_with("gguf");
+        assert_eq!(
+            s,
+            if downstream { "ran" } else { "reused" },
+            "{n}: {third:?}"
+        );
+    }
+    assert_ne!(
+        std::fs::read(out.join("build-manifest.json")).unwrap(),
+        manifest
+    );
+}
+
+#[test]
+fn bad_recipes_are_refused_naming_the_file_and_field() {
+    let t = tempfile::tempdir().unwrap();
+    for (body, want) in [
+        (
+            "name = \"x\"\n[graph]\ncontext = 64\n[[artifact]]\nvariant = \"decode_full\"\n",
+            "decode_full",
+        ),
+        (
+            "name = \"x\"\n[graph]\ncontext = 64\n[[artifact]]\nvariant = \"decode_wgqa\"\n",
+            "[calibration]",
+        ),
+        (
+            "name = \"x\"\n[graph]\ncontext = 64\n[compile]\ntargets = [\"v99\"]\n",
+            "v99",
+        ),
+        (
+            "name = \"x\"\n[graph]\ncontext = 64\nsurprise = 1\n",
+            "surprise",
+        ),
+        (
+            "name = \"x\"\n[graph]\ncontext = 64\n[[gguf]]\ntype = \"q3_k\"\n",
+            "q3_k",
+        ),
+    ] {
+        let p = t.path().join("r.toml");
+        std::fs::write(&p, body).unwrap();
+        let out = t.path().join("out");
+        let o = common::hexq(&[
+            "build",
+            "--recipe",
+            p.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{body}: {err}");
+        assert!(
+            err.contains("r.toml") && err.contains(want),
+            "{body}: {err}"
+        );
+        assert!(!out.exists(), "{body}: a refused recipe creates nothing");
+    }
+}
