@@ -141,3 +141,133 @@ fn bad_recipes_are_refused_naming_the_file_and_field() {
         assert!(!out.exists(), "{body}: a refused recipe creates nothing");
     }
 }
+
+/// A shared binary stores each weight once, so the two exports must encode every weight alike: a decode
+/// export with 4-bit MLP weights next to an 8-bit trunk is refused before any compile, naming the tensor. And
+/// on x86-64, where onnxruntime-qnn's simulator cannot load a weight-shared context, `run` says so.
+#[test]
+fn shared_compile_refuses_disagreeing_weights_and_x86_refuses_to_load_it() {
+    let t = tempfile::tempdir().unwrap();
+    let p = |n: &str| t.path().join(n).display().to_string();
+    let (m, ctx) = ("tests/fixtures/tiny-gemma4", "128");
+    for (v, st) in [("decode_wgqa", "d.json"), ("trunk", "t.json")] {
+        common::hexq_ok(&[
+            "calibrate",
+            "--model",
+            m,
+            "--variant",
+            v,
+            "--limit",
+            "2",
+            "--context",
+            ctx,
+            "--seq",
+            "32",
+            "--out",
+            &p(st),
+        ]);
+    }
+    let ov = t.path().join("w4.json");
+    std::fs::write(
+        &ov,
+        r#"{"rules": [{"pattern": "layers.*.mlp.*_proj.weight.T", "kind": "param", "bitwidth": 4}]}"#,
+    )
+    .unwrap();
+    common::hexq_ok(&[
+        "quantize",
+        "--model",
+        m,
+        "--stats",
+        &p("d.json"),
+        "--overrides",
+        ov.to_str().unwrap(),
+        "--out",
+        &p("d.enc"),
+    ]);
+    common::hexq_ok(&[
+        "quantize",
+        "--model",
+        m,
+        "--stats",
+        &p("t.json"),
+        "--kv-stats",
+        &p("d.json"),
+        "--out",
+        &p("t.enc"),
+    ]);
+    common::hexq_ok(&[
+        "export",
+        "--model",
+        m,
+        "--variant",
+        "decode_wgqa",
+        "--context",
+        ctx,
+        "--encodings",
+        &p("d.enc"),
+        "--qdq",
+        "--out",
+        &p("dq"),
+    ]);
+    common::hexq_ok(&[
+        "export",
+        "--model",
+        m,
+        "--variant",
+        "trunk",
+        "--context",
+        ctx,
+        "--seq",
+        "32",
+        "--encodings",
+        &p("t.enc"),
+        "--qdq",
+        "--out",
+        &p("tq"),
+    ]);
+    let o = common::hexq(&[
+        "compile",
+        "--artifacts",
+        &p("dq"),
+        "--artifacts",
+        &p("tq"),
+        "--target",
+        "v79",
+        "--out",
+        &p("shared"),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("param encodings of layers.") && err.contains("_proj.weight"),
+        "{err}"
+    );
+    assert!(!t.path().join("shared").exists());
+    // A shared build on x86-64: refused with the reason (a hand-made manifest is enough to reach the check).
+    if cfg!(target_arch = "x86_64") {
+        let b = t.path().join("b");
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(
+            b.join("manifest.json"),
+            r#"{"kind": "shared-context", "compiled": [{"target": "v79", "bin": "prefill_decode_v79.bin", "graphs": []}]}"#,
+        )
+        .unwrap();
+        let o = common::hexq(&[
+            "run",
+            "--backend",
+            "qnn",
+            "--artifacts",
+            b.to_str().unwrap(),
+            "--target",
+            "v79",
+            "--prompt",
+            "hi",
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("aarch64") && err.contains("per-graph binaries"),
+            "{err}"
+        );
+    }
+}

@@ -142,7 +142,10 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
         target(t)?;
     }
     let stage = hexq_fsutil::AtomicDir::create(&a.out, a.force)?;
-    copy_dir(&decode.dir.join("host-model"), &stage.path("host-model"))?;
+    // host-model/ when the exports have one (`--host none` builds run from a separate host copy).
+    if decode.dir.join("host-model").is_dir() {
+        copy_dir(&decode.dir.join("host-model"), &stage.path("host-model"))?;
+    }
     for src in [decode, trunk] {
         for f in [
             format!("{}.encodings.json", src.variant),
