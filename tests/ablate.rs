@@ -50,11 +50,22 @@ fn ablation_table_and_granularity_finding() {
                 "q4_0-g32",
                 "g64",
                 "g128",
-                "int4-pc-mlp-only"
+                "int4-pc-mlp-only",
+                "lpbq-b64"
             ]
         );
         assert!((row(r, "q4_0-g32")["bits_per_weight"].as_f64().unwrap() - 4.5).abs() < 1e-9);
         assert!((row(r, "g128")["bits_per_weight"].as_f64().unwrap() - 4.125).abs() < 1e-9);
+        // LPBQ-64 sits between per-channel int4 and a group grid: block scales, no fp16 per block.
+        let (lp, pc) = (row(r, "lpbq-b64"), row(r, "int4-pc"));
+        assert!(
+            lp["bits_per_weight"].as_f64().unwrap()
+                < row(r, "int8-pc")["bits_per_weight"].as_f64().unwrap()
+        );
+        assert!(
+            lp["sqnr_db"]["mlp"].as_f64() > pc["sqnr_db"]["mlp"].as_f64(),
+            "{lp} vs {pc}"
+        );
         let s8 = row(r, "int8-pc")["sqnr_db"]["mlp"].as_f64().unwrap();
         let s4 = row(r, "int4-pc")["sqnr_db"]["mlp"].as_f64().unwrap();
         assert!(s8 > s4 + 15.0, "8-bit SQNR {s8} vs 4-bit {s4}");

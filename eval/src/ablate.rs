@@ -4,7 +4,8 @@
 //!
 //! Grids (all symmetric): `int8-pc` / `int4-pc` per output channel (AIMET's rule, [`hexq_quantize::Encoding`]);
 //! `q4_0-g32` ggml's q4_0 exactly ([`hexq_gguf::ggml`]); `g64` / `g128` the same q4_0 rule over 64/128-wide
-//! groups; `int4-pc-mlp-only` int4 per channel on the MLP, attention float.
+//! groups; `int4-pc-mlp-only` int4 per channel on the MLP, attention float; `lpbq-b32` / `b64` / `b128`
+//! Qualcomm's w4a16 weight grid (LPBQ, aimet-onnx's arithmetic exactly: [`hexq_quantize::lpbq`]).
 //!
 //! `heavy_tail`: random checkpoints lack the outlier input channels real LLMs have, so every grid looks
 //! alike on them. This option gives the inputs of q/k/v and gate/up heavy-tailed per-channel scales s_j
@@ -24,6 +25,9 @@ pub enum Grid {
     PerChannel(u32),
     /// q4_0's rule over groups of this size along the input dimension.
     Group(usize),
+    /// LPBQ (aimet-onnx's, [`hexq_quantize::lpbq`]): int4 blocks of this size along the input dimension,
+    /// block scales as 4-bit integers × one float per output channel.
+    Lpbq(usize),
 }
 
 #[derive(Debug, Clone)]
@@ -42,6 +46,9 @@ impl Scheme {
             "q4_0-g32" | "g32" => (Grid::Group(32), false),
             "g64" => (Grid::Group(64), false),
             "g128" => (Grid::Group(128), false),
+            "lpbq-b32" => (Grid::Lpbq(32), false),
+            "lpbq-b64" => (Grid::Lpbq(64), false),
+            "lpbq-b128" => (Grid::Lpbq(128), false),
             _ => return None,
         };
         Some(Scheme {
@@ -55,6 +62,8 @@ impl Scheme {
         match self.grid {
             Grid::PerChannel(b) => b as f64 + 32.0 / in_features as f64,
             Grid::Group(g) => 4.0 + 16.0 / g as f64,
+            // int4 weights, an 8-bit container per block scale, an f32 per channel.
+            Grid::Lpbq(b) => 4.0 + 8.0 / b as f64 + 32.0 / in_features as f64,
         }
     }
 }
@@ -86,6 +95,18 @@ fn q4_group(x: &mut [f32]) {
 /// Quantize→dequantize rows of an [out, in] matrix (row = one output channel, contiguous inputs).
 pub fn apply_grid(grid: Grid, w: &mut [f32], cols: usize) {
     use rayon::prelude::*;
+    // As aimet-onnx's set_grouped_blockwise_quantization_for_weights (strict=False): a weight whose input
+    // dimension the block does not divide keeps the per-channel int4 grid.
+    let grid = match grid {
+        Grid::Lpbq(b) if cols % b != 0 => Grid::PerChannel(4),
+        g => g,
+    };
+    if let Grid::Lpbq(b) = grid {
+        w.par_chunks_mut(cols).for_each(|row| {
+            hexq_quantize::lpbq::encode(row, cols, b, 4, 4).fake(row, cols);
+        });
+        return;
+    }
     w.par_chunks_mut(cols).for_each(|row| match grid {
         Grid::PerChannel(b) => {
             let (lo, hi) = row
@@ -95,6 +116,7 @@ pub fn apply_grid(grid: Grid, w: &mut [f32], cols: usize) {
             row.iter_mut().for_each(|x| *x = e.fake_param(*x));
         }
         Grid::Group(g) => row.chunks_mut(g).for_each(q4_group),
+        Grid::Lpbq(_) => unreachable!(),
     });
 }
 

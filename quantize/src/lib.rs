@@ -21,6 +21,7 @@
 //! instead of 0.153 on the tiny model). With the full range a 1-step flip of a score moves its softmax weight
 //! by 16 %: it was the largest quantization error of the graph and the amplifier of engine differences.
 
+pub mod lpbq;
 pub mod quantsim;
 
 use hexq_calibrate::Stats;

@@ -14,7 +14,7 @@ pub struct Args {
     /// Checkpoint directory (config.json + safetensors); default: the bundled tiny Gemma-4.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Comma list of int8-pc, int4-pc, int4-pc-mlp-only, q4_0-g32, g64, g128.
+    /// Comma list of int8-pc, int4-pc, int4-pc-mlp-only, q4_0-g32, g64, g128, lpbq-b32, lpbq-b64, lpbq-b128.
     #[arg(
         long,
         value_delimiter = ',',
@@ -42,11 +42,11 @@ pub struct Args {
 
 fn parse_scheme(s: &str) -> Result<Scheme, String> {
     Scheme::parse(s.trim()).ok_or_else(|| {
-        format!("unknown scheme {s:?} (int8-pc, int4-pc, int4-pc-mlp-only, q4_0-g32, g64, g128)")
+        format!("unknown scheme {s:?} (int8-pc, int4-pc, int4-pc-mlp-only, q4_0-g32, g64, g128, lpbq-b32, lpbq-b64, lpbq-b128)")
     })
 }
 
-pub const ALL_SCHEMES: &str = "int8-pc,int4-pc,q4_0-g32,g64,g128,int4-pc-mlp-only";
+pub const ALL_SCHEMES: &str = "int8-pc,int4-pc,q4_0-g32,g64,g128,int4-pc-mlp-only,lpbq-b64";
 
 impl Args {
     pub fn new(model: Option<PathBuf>, dataset: PathBuf, limit: usize, context: usize) -> Self {
