@@ -150,7 +150,7 @@ pub fn quantsim(
     o: &GraphOptions,
 ) -> Result<GraphBackend> {
     let mut q = backend(ck, v, o)?;
-    q.bake(&mut FakeQuant::from_params(&enc.param_encodings))?;
+    q.bake(&mut FakeQuant::params_of(enc))?;
     q.hook = Some(Box::new(FakeQuant::activations(enc)));
     Ok(q)
 }
@@ -170,7 +170,7 @@ pub fn verify(
     let mut q = backend(&ck, v, o)?;
     let obs = RangeObserver::default();
     // Params quantized once; activations as they are produced.
-    q.bake(&mut FakeQuant::from_params(&enc.param_encodings))?;
+    q.bake(&mut FakeQuant::params_of(enc))?;
     q.hook = Some(Box::new(ObserveThenQuant(
         obs.clone(),
         FakeQuant::activations(enc),

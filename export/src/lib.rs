@@ -137,14 +137,46 @@ pub fn check_encodings(
                 }
             }
         }
-        if let Some(missing) = names.iter().find(|n| !map.contains_key(**n)) {
+        let covered =
+            |n: &str| map.contains_key(n) || (kind == "param" && e.lpbq_encodings.contains_key(n));
+        if let Some(missing) = names.iter().find(|n| !covered(n)) {
             if !partial {
                 return bad(format!(
                     "no {kind} encoding for {missing:?} (every float tensor of {} needs one)",
                     g.name
                 ));
             }
-            uncovered += names.iter().filter(|n| !map.contains_key(**n)).count();
+            uncovered += names.iter().filter(|n| !covered(n)).count();
+        }
+    }
+    for (n, l) in &e.lpbq_encodings {
+        let Some(t) = g
+            .types
+            .get(n.as_str())
+            .filter(|_| params.contains(n.as_str()))
+        else {
+            return bad(format!(
+                "LPBQ encoding for {n:?}: the {} graph has no such weight",
+                g.name
+            ));
+        };
+        let (inn, out) = (t.shape[0], *t.shape.last().unwrap());
+        let levels = 1u32 << l.bw.saturating_sub(l.compressed_bw).min(16);
+        let ok = l.block_size > 0
+            && inn % l.block_size == 0
+            && l.scale.len() == out
+            && l.per_block_int_scale.len() == out * (inn / l.block_size)
+            && l.scale.iter().all(|s| s.is_finite() && *s > 0.0)
+            && l.per_block_int_scale
+                .iter()
+                .all(|&q| (1..=levels).contains(&q))
+            && l.compressed_bw == 4
+            && l.bw == 8;
+        if !ok || e.param_encodings.contains_key(n) {
+            return bad(format!(
+                "LPBQ encoding for {n:?} does not fit the [{inn}, {out}] weight (block {}, {} channel scales, {} block scales, bw {}/{}; or it also has a param encoding)",
+                l.block_size, l.scale.len(), l.per_block_int_scale.len(), l.compressed_bw, l.bw
+            ));
         }
     }
     Ok(uncovered)
@@ -301,6 +333,14 @@ pub fn export(
     }
     if let Some((p, e)) = &o.encodings {
         check_encodings(&g, e, int8kv, p, false)?;
+        if o.qdq && !e.lpbq_encodings.is_empty() {
+            // Open on issue 19: the DequantizeLinear chain (uint8 block scales × per-channel float → the
+            // blocked int4 DequantizeLinear → MatMul) that onnxruntime-qnn fuses into LPBQ.
+            return Err(Error::file(
+                p,
+                format!("{} LPBQ weights: the QDQ export of LPBQ is not implemented yet; `hexq verify` runs them in quantsim", e.lpbq_encodings.len()),
+            ));
+        }
     }
     let enc = o.encodings.as_ref().map(|(_, e)| e);
     // Three independent streams at once — the graph's weights, the host-model copy, the source hashes: each

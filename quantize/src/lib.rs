@@ -227,6 +227,10 @@ pub struct Scheme {
     /// Other float constants (norm weights, scalars, tables): per-tensor asymmetric at this width.
     pub const_bw: u32,
     pub int8_kv: bool,
+    /// MatMul weights on LPBQ grids of this block size (int4, 4-bit block scales) instead of per-channel
+    /// `weight_bw`; a weight whose input dimension the block does not divide stays per channel (as
+    /// aimet-onnx's `strict=False`), and an override rule matching a weight wins.
+    pub lpbq_block: Option<usize>,
     /// Masked softmax inputs encoded over `[min(scores) - floor, max]` (module docs); None = plain min-max
     /// over the mask constant too (aimet-onnx's default behaviour).
     pub mask_floor: Option<f64>,
@@ -242,7 +246,30 @@ impl Scheme {
             weight_bw: 8,
             const_bw: 16,
             int8_kv,
+            lpbq_block: None,
             mask_floor: Some(MASK_FLOOR),
+        }
+    }
+
+    /// W4A16 as Qualcomm's Gemma recipe: int16 activations, int4 MatMul weights per channel (`block`
+    /// None) or on LPBQ grids of `block`.
+    pub fn w4a16(block: Option<usize>) -> Self {
+        Scheme {
+            weight_bw: 4,
+            lpbq_block: block,
+            ..Self::a16w8(false)
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match (self.weight_bw, self.lpbq_block) {
+            (4, Some(b)) => format!("w4a16_lpbq{b}"),
+            (4, None) => "w4a16_pc".into(),
+            (w, _) => format!(
+                "a{}w{w}{}",
+                self.act_bw,
+                if self.int8_kv { "_int8kv" } else { "" }
+            ),
         }
     }
 }
@@ -276,6 +303,10 @@ pub struct Encodings {
     pub version: String,
     pub activation_encodings: BTreeMap<String, Vec<Encoding>>,
     pub param_encodings: BTreeMap<String, Vec<Encoding>>,
+    /// MatMul weights on LPBQ grids (scheme w4a16-lpbq), in AIMET 1.0.0's entry form; such a weight has no
+    /// `param_encodings` entry.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lpbq_encodings: BTreeMap<String, lpbq::LpbqEncoding>,
     /// hexq provenance (ignored by QNN): scheme, hashes.
     #[serde(default)]
     pub hexq: serde_json::Value,
@@ -425,6 +456,49 @@ pub fn param_encodings(
     Ok(out)
 }
 
+/// LPBQ encodings of the MatMul weights whose input dimension `block` divides and that no override rule
+/// names (aimet-onnx's `set_grouped_blockwise_quantization_for_weights(…, 4, 8, block)` with strict=False).
+pub fn lpbq_encodings(
+    ck: &Checkpoint,
+    graph: &Graph,
+    block: usize,
+    ov: &Overrides,
+) -> Result<BTreeMap<String, lpbq::LpbqEncoding>> {
+    let mw = matmul_weights(graph);
+    let out: Vec<Result<Option<(String, lpbq::LpbqEncoding)>>> = graph
+        .initializers
+        .par_iter()
+        .filter(|i| mw.contains(i.name.as_str()) && ov.find(Kind::Param, &i.name).is_none())
+        .map(|i| {
+            let InitSource::Weight {
+                tensor,
+                transpose: true,
+            } = &i.source
+            else {
+                return Ok(None);
+            };
+            // Checkpoint layout [out, in]: the view's shape is [in, out].
+            let cols = i.ty.shape[0];
+            if cols % block != 0 {
+                return Ok(None);
+            }
+            let w = ck.f32(tensor)?;
+            let l = lpbq::encode(&w, cols, block, 4, 4);
+            Ok(Some((
+                i.name.clone(),
+                lpbq::LpbqEncoding::from_lpbq(&i.name, &l),
+            )))
+        })
+        .collect();
+    let mut m = BTreeMap::new();
+    for r in out {
+        if let Some((k, v)) = r? {
+            m.insert(k, v);
+        }
+    }
+    Ok(m)
+}
+
 /// Ops whose output is a rearrangement of (a subset of) input 0's values: `q(f(x)) = f(q(x))`, so the output
 /// keeps the input's grid (aimet-onnx's grid-preserving ops among those the IR has).
 fn grid_preserving(op: &Op) -> bool {
@@ -567,6 +641,12 @@ pub fn encode(
             || n.starts_with("present_value_")
     };
     enc.param_encodings = param_encodings(ck, graph, scheme, ov)?;
+    if let Some(block) = scheme.lpbq_block {
+        enc.lpbq_encodings = lpbq_encodings(ck, graph, block, ov)?;
+        for k in enc.lpbq_encodings.keys() {
+            enc.param_encodings.remove(k);
+        }
+    }
     let ties = tie_groups(graph);
     // Activations: graph inputs and float node outputs. Three kinds, as aimet-onnx 2.x quantizes them:
     // - outputs of grid-preserving ops (Reshape, Transpose, Slice, Gather, …) carry their source's
@@ -662,7 +742,7 @@ pub fn encode(
         enc.activation_encodings.insert(n.into(), e);
     }
     enc.hexq = serde_json::json!({
-        "scheme": format!("a{}w{}{}", scheme.act_bw, scheme.weight_bw, if scheme.int8_kv { "_int8kv" } else { "" }),
+        "scheme": scheme.name(),
         "graph": graph.name, "graph_sha256": stats.graph_sha256, "model_sha256": stats.model_sha256,
         "dataset_sha256": stats.dataset_sha256, "weights": "int8 symmetric per output channel (axis = output of the [in, out] MatMul weight)",
         "overrides": ov.rules,

@@ -9,6 +9,50 @@
 
 use crate::Encoding;
 
+/// One LPBQ weight in AIMET's 1.0.0 encodings entry form (what aimet-onnx 2.42 exports and QNN's
+/// converter reads): `bw` is the decompressed width, `scale` the per-channel float, `offset` −2^(bw−1).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LpbqEncoding {
+    pub name: String,
+    pub enc_type: String,
+    pub dtype: String,
+    pub is_sym: bool,
+    pub bw: u32,
+    pub compressed_bw: u32,
+    pub block_size: usize,
+    pub scale: Vec<f64>,
+    pub offset: Vec<i64>,
+    /// [out, in / block_size] row-major.
+    pub per_block_int_scale: Vec<u32>,
+}
+
+impl LpbqEncoding {
+    pub fn from_lpbq(name: &str, l: &Lpbq) -> Self {
+        let bw = l.bw + l.scale_bits;
+        LpbqEncoding {
+            name: name.into(),
+            enc_type: "LPBQ".into(),
+            dtype: "INT".into(),
+            is_sym: true,
+            bw,
+            compressed_bw: l.bw,
+            block_size: l.block,
+            scale: l.channel_scale.clone(),
+            offset: vec![-(1i64 << (bw - 1)); l.channel_scale.len()],
+            per_block_int_scale: l.int_scale.clone(),
+        }
+    }
+    pub fn to_lpbq(&self) -> Lpbq {
+        Lpbq {
+            bw: self.compressed_bw,
+            scale_bits: self.bw - self.compressed_bw,
+            block: self.block_size,
+            channel_scale: self.scale.clone(),
+            int_scale: self.per_block_int_scale.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lpbq {
     pub bw: u32,

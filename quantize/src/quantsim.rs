@@ -10,6 +10,8 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct FakeQuant {
     enc: Arc<HashMap<String, Vec<crate::Encoding>>>,
+    /// LPBQ weights (their [in, out] view names), quantized with aimet-onnx's LPBQ arithmetic.
+    lpbq: Arc<HashMap<String, crate::lpbq::Lpbq>>,
     /// Params round ties half away from zero, activations half to even ([`crate::Encoding::quantize_param`]).
     params: bool,
 }
@@ -24,7 +26,21 @@ impl FakeQuant {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
             ),
+            lpbq: Arc::default(),
             params: false,
+        }
+    }
+
+    /// Every param of an encodings file: per-channel / per-tensor ones and the LPBQ weights.
+    pub fn params_of(e: &Encodings) -> Self {
+        FakeQuant {
+            lpbq: Arc::new(
+                e.lpbq_encodings
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_lpbq()))
+                    .collect(),
+            ),
+            ..Self::from_params(&e.param_encodings)
         }
     }
 
@@ -32,6 +48,7 @@ impl FakeQuant {
     pub fn from_params(p: &std::collections::BTreeMap<String, Vec<crate::Encoding>>) -> Self {
         FakeQuant {
             enc: Arc::new(p.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+            lpbq: Arc::default(),
             params: true,
         }
     }
@@ -47,6 +64,17 @@ impl FakeQuant {
 
 impl Hook for FakeQuant {
     fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
+        if let Some(l) = self.lpbq.get(name) {
+            // [in, out] view of an [out, in] weight: quantize the rows, transpose back.
+            let w = t.t().ok()?.contiguous().ok()?;
+            let (out, cols) = w.dims2().ok()?;
+            let mut v: Vec<f32> = w.flatten_all().ok()?.to_vec1().ok()?;
+            l.fake(&mut v, cols);
+            return Tensor::from_vec(v, (out, cols), &Device::Cpu)
+                .ok()?
+                .t()
+                .ok();
+        }
         let e = self.enc.get(name)?;
         if t.dtype() != candle_core::DType::F32 {
             return None;

@@ -31,6 +31,9 @@ pub struct Args {
     /// that file's.
     #[arg(long)]
     pub kv_stats: Option<PathBuf>,
+    /// w4a16-lpbq: inputs per block (32, 64, 128; Qualcomm's Gemma recipe uses 64).
+    #[arg(long, default_value_t = 64, value_parser = super::positive)]
+    pub block: usize,
     /// Encode even when the stats fail their guards (degenerate or never-exercised ranges).
     #[arg(long)]
     pub ignore_guards: bool,
@@ -45,6 +48,11 @@ pub struct Args {
 pub enum Scheme {
     /// 16-bit activations (asymmetric min-max), 8-bit symmetric per-channel weights.
     A16w8,
+    /// 16-bit activations, 4-bit symmetric per-channel MatMul weights (the LPBQ baseline).
+    W4a16Pc,
+    /// 16-bit activations, MatMul weights on LPBQ grids (int4 blocks of --block inputs, 4-bit block scales ×
+    /// one float per channel; aimet-onnx's arithmetic). Override rules (e.g. 8 bits) win per weight.
+    W4a16Lpbq,
 }
 
 impl Args {
@@ -57,6 +65,7 @@ impl Args {
             full_mask_range: false,
             overrides: None,
             kv_stats: None,
+            block: 64,
             ignore_guards: false,
             force: false,
             out,
@@ -151,7 +160,14 @@ pub fn run(a: Args) -> Result<()> {
         Some(p) => hexq_quantize::Overrides::from_file(p)?,
         None => Default::default(),
     };
-    let mut sch = hexq_quantize::Scheme::a16w8(a.int8_kv);
+    let mut sch = match a.scheme {
+        Scheme::A16w8 => hexq_quantize::Scheme::a16w8(a.int8_kv),
+        Scheme::W4a16Pc => hexq_quantize::Scheme::w4a16(None),
+        Scheme::W4a16Lpbq => hexq_quantize::Scheme::w4a16(Some(a.block)),
+    };
+    if a.int8_kv && a.scheme != Scheme::A16w8 {
+        anyhow::bail!("--int8-kv goes with --scheme a16w8");
+    }
     if a.full_mask_range {
         sch.mask_floor = None;
     }
@@ -162,11 +178,16 @@ pub fn run(a: Args) -> Result<()> {
     enc.hexq["variant"] = st.variant.clone().into();
     write_json(&a.out, &enc)?;
     eprintln!(
-        "{}: {} activation + {} param encodings (a16w8{})",
+        "{}: {} activation + {} param{} encodings ({})",
         a.out.display(),
         enc.activation_encodings.len(),
         enc.param_encodings.len(),
-        if a.int8_kv { ", int8 KV" } else { "" }
+        if enc.lpbq_encodings.is_empty() {
+            String::new()
+        } else {
+            format!(" + {} LPBQ", enc.lpbq_encodings.len())
+        },
+        sch.name()
     );
     Ok(())
 }
