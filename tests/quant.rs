@@ -679,9 +679,11 @@ fn lpbq_matches_aimet() {
 
 /// `quantize --scheme w4a16-lpbq`: every MatMul weight whose input dimension the block divides gets an LPBQ
 /// entry in AIMET's 1.0.0 form (and no per-channel one), the rest stay per channel at 4 bits, an override
-/// keeps its weights at 8 bits; verify accepts the file; the QDQ export refuses it by name (open on issue 19).
+/// keeps its weights at 8 bits; verify accepts the file; the QDQ export (the DequantizeLinear chain) runs in
+/// onnxruntime as quantsim does, compiles for v79 with every node on HTP, and the simulator tracks quantsim
+/// (measured on the tiny model, 4 prompts × 4 steps, context 256: cosine 0.99977 / min 0.99949, top-1 4/4).
 #[test]
-fn w4a16_lpbq_scheme_encodes_validates_and_refuses_qdq() {
+fn w4a16_lpbq_scheme_encodes_validates_exports_and_compiles() {
     let t = tempfile::tempdir().unwrap();
     let p = |n: &str| t.path().join(n).display().to_string();
     common::hexq_ok(&[
@@ -695,7 +697,7 @@ fn w4a16_lpbq_scheme_encodes_validates_and_refuses_qdq() {
     ]);
     std::fs::write(
         p("ov.json"),
-        r#"{"rules": [{"pattern": "layers.0.self_attn.*", "kind": "param", "bitwidth": 8}]}"#,
+        r#"{"rules": [{"pattern": "layers.0.self_attn.*_proj.weight.T", "kind": "param", "bitwidth": 8}]}"#,
     )
     .unwrap();
     common::hexq_ok(&[
@@ -744,7 +746,7 @@ fn w4a16_lpbq_scheme_encodes_validates_and_refuses_qdq() {
     ]);
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(r["cosine_mean"].as_f64().unwrap() > 0.5, "{r}");
-    let o = common::hexq(&[
+    common::hexq_ok(&[
         "export",
         "--variant",
         "decode_wgqa",
@@ -756,7 +758,65 @@ fn w4a16_lpbq_scheme_encodes_validates_and_refuses_qdq() {
         "--out",
         &p("x"),
     ]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("LPBQ"));
-    assert!(!t.path().join("x").exists());
+    if !common::judge("onnxruntime") {
+        return;
+    }
+    let rows = |o: std::process::Output, cand: &str| -> serde_json::Value {
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["candidate"] == cand && r["reference"] == "quantsim")
+            .unwrap()["report"]
+            .clone()
+    };
+    let r = rows(
+        common::hexq_ok(&[
+            "verify",
+            "--backend",
+            "ort",
+            "--artifacts",
+            &p("x"),
+            "--limit",
+            "4",
+            "--steps",
+            "2",
+            "--json",
+        ]),
+        "ort",
+    );
+    assert_eq!(r["top1_agreement"].as_f64(), Some(1.0), "{r}");
+    assert!(r["cosine_min"].as_f64().unwrap() >= 0.99999, "{r}");
+    if !common::judge("onnxruntime_qnn") {
+        return;
+    }
+    let o = common::hexq_ok(&[
+        "compile",
+        "--artifacts",
+        &p("x"),
+        "--target",
+        "v79",
+        "--json",
+    ]);
+    let c: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(c["nodes_off_htp"], 0, "{c}");
+    let r = rows(
+        common::hexq_ok(&[
+            "verify",
+            "--backend",
+            "qnn",
+            "--artifacts",
+            &p("x"),
+            "--targets",
+            "v79",
+            "--limit",
+            "3",
+            "--steps",
+            "4",
+            "--json",
+        ]),
+        "htp",
+    );
+    assert_eq!(r["top1_agreement"].as_f64(), Some(1.0), "{r}");
+    assert!(r["cosine_mean"].as_f64().unwrap() >= 0.999, "{r}");
 }

@@ -333,14 +333,6 @@ pub fn export(
     }
     if let Some((p, e)) = &o.encodings {
         check_encodings(&g, e, int8kv, p, false)?;
-        if o.qdq && !e.lpbq_encodings.is_empty() {
-            // Open on issue 19: the DequantizeLinear chain (uint8 block scales × per-channel float → the
-            // blocked int4 DequantizeLinear → MatMul) that onnxruntime-qnn fuses into LPBQ.
-            return Err(Error::file(
-                p,
-                format!("{} LPBQ weights: the QDQ export of LPBQ is not implemented yet; `hexq verify` runs them in quantsim", e.lpbq_encodings.len()),
-            ));
-        }
     }
     let enc = o.encodings.as_ref().map(|(_, e)| e);
     // Three independent streams at once — the graph's weights, the host-model copy, the source hashes: each

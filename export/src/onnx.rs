@@ -39,6 +39,7 @@ pub mod elem {
     pub const BOOL: i32 = 9;
     pub const FLOAT16: i32 = 10;
     pub const BFLOAT16: i32 = 16;
+    pub const INT4: i32 = 22;
 }
 
 /// ONNX `AttributeProto.AttributeType`.
@@ -408,6 +409,7 @@ pub fn write_onnx(
 struct Encs<'a> {
     acts: HashMap<&'a str, &'a Encoding>,
     params: HashMap<&'a str, &'a Vec<Encoding>>,
+    lpbq: HashMap<&'a str, &'a hexq_quantize::lpbq::LpbqEncoding>,
 }
 
 impl<'a> Encs<'a> {
@@ -416,6 +418,7 @@ impl<'a> Encs<'a> {
             return Encs {
                 acts: HashMap::new(),
                 params: HashMap::new(),
+                lpbq: HashMap::new(),
             };
         };
         Encs {
@@ -426,6 +429,11 @@ impl<'a> Encs<'a> {
                 .collect(),
             params: e
                 .param_encodings
+                .iter()
+                .map(|(k, v)| (k.as_str(), v))
+                .collect(),
+            lpbq: e
+                .lpbq_encodings
                 .iter()
                 .map(|(k, v)| (k.as_str(), v))
                 .collect(),
@@ -496,7 +504,9 @@ fn initializers(
             }
             None => values,
         };
-        if let Some(e) = enc.params.get(i.name.as_str()) {
+        if let Some(l) = enc.lpbq.get(i.name.as_str()) {
+            lpbq_param(em, i, &dims, l, values)?;
+        } else if let Some(e) = enc.params.get(i.name.as_str()) {
             quantized_param(em, i, &dims, e, values)?;
         } else if o.weights == WeightType::F16 && matches!(i.source, InitSource::Weight { .. }) {
             let h = format!("{}.f16", i.name);
@@ -553,6 +563,83 @@ fn quantized_param(
         &[&qname, &s, &z],
         &i.name,
         attrs,
+    );
+    Ok(())
+}
+
+/// An LPBQ weight as a DequantizeLinear chain: `int_scale` uint8 [in/B, out] → DequantizeLinear(per-channel
+/// f32 scale, axis 1) → block scales [in/B, out]; the int4 weight [in, out] → DequantizeLinear on those scales
+/// (zero point 0, axis 0, block_size B) → the MatMul.
+fn lpbq_param(
+    em: &mut Emit,
+    i: &Initializer,
+    dims: &[i64],
+    l: &hexq_quantize::lpbq::LpbqEncoding,
+    values: &[f32],
+) -> Result<()> {
+    let (inn, out) = (i.ty.shape[0], i.ty.shape[1]);
+    let nb = inn / l.block_size;
+    let n = &i.name;
+    // [out, nb] channel-major (AIMET's order) → [nb, out].
+    let mut ints = vec![0u8; nb * out];
+    for c in 0..out {
+        for b in 0..nb {
+            ints[b * out + c] = l.per_block_int_scale[c * nb + b] as u8;
+        }
+    }
+    let (iq, cs, cz, bs) = (
+        format!("{n}.lpbq_int_scale"),
+        format!("{n}.lpbq_channel_scale"),
+        format!("{n}.lpbq_int_scale_zero_point"),
+        format!("{n}.lpbq_block_scale"),
+    );
+    em.init(&iq, &[nb as i64, out as i64], elem::UINT8, ints)?;
+    let sc: Vec<u8> = l
+        .scale
+        .iter()
+        .flat_map(|&x| (x as f32).to_le_bytes())
+        .collect();
+    em.init(&cs, &[out as i64], elem::FLOAT, sc)?;
+    em.init(&cz, &[out as i64], elem::UINT8, vec![0u8; out])?;
+    em.node(
+        "DequantizeLinear",
+        &format!("{n}.lpbq_scale_dq"),
+        &[&iq, &cs, &cz],
+        &bs,
+        vec![attr_i("axis", 1)],
+    );
+    // The weight stored as its int4 integers (aimet-onnx's export with prequantize_constants): one
+    // consumer of the block scales, so onnxruntime-qnn's fusion takes the chain whole. Integers as quantsim
+    // computes them (`round(x / scale')` in f64, [`hexq_quantize::lpbq::Lpbq::fake`]).
+    let lp = l.to_lpbq();
+    let mut q = vec![0i8; inn * out];
+    for r in 0..inn {
+        for c in 0..out {
+            let s = lp.int_scale[c * nb + r / l.block_size] as f64 * lp.channel_scale[c];
+            q[r * out + c] = (values[r * out + c] as f64 / s)
+                .round_ties_even()
+                .clamp(-8.0, 7.0) as i8;
+        }
+    }
+    let packed: Vec<u8> = q
+        .chunks(2)
+        .map(|p| (p[0] as u8 & 0xF) | ((p.get(1).copied().unwrap_or(0) as u8 & 0xF) << 4))
+        .collect();
+    let (wq, wz) = (format!("{n}.quantized"), format!("{n}.lpbq_zero_point"));
+    em.init(&wq, dims, elem::INT4, packed)?;
+    em.init(
+        &wz,
+        &[nb as i64, out as i64],
+        elem::INT4,
+        vec![0u8; (nb * out).div_ceil(2)],
+    )?;
+    let blk = vec![attr_i("axis", 0), attr_i("block_size", l.block_size as i64)];
+    em.node(
+        "DequantizeLinear",
+        &format!("{n}.dq"),
+        &[&wq, &bs, &wz],
+        n,
+        blk,
     );
     Ok(())
 }
