@@ -11,9 +11,10 @@ pub mod graph;
 pub mod host;
 pub mod llama;
 pub mod ort;
+pub mod sample;
 
 use hexq_model::chat::{Message, Tokenizer, STOP_IDS};
-use hexq_model::forward::{argmax, to_rows};
+use hexq_model::forward::to_rows;
 use hexq_model::{KvCache, Model};
 use serde::Serialize;
 use std::time::Instant;
@@ -157,6 +158,22 @@ pub fn generate_ids(
     prompt_ids: &[u32],
     max_tokens: usize,
 ) -> Result<(Vec<u32>, String, f64, f64)> {
+    generate_ids_with(
+        b,
+        prompt_ids,
+        max_tokens,
+        &mut sample::Sampler::new(Default::default()),
+    )
+}
+
+/// Generation from already-templated prompt ids, each next token drawn by `sampler` (greedy at
+/// temperature 0).
+pub fn generate_ids_with(
+    b: &mut dyn Backend,
+    prompt_ids: &[u32],
+    max_tokens: usize,
+    sampler: &mut sample::Sampler,
+) -> Result<(Vec<u32>, String, f64, f64)> {
     if let Some(c) = b.capacity().filter(|&c| prompt_ids.len() > c) {
         return Err(Error::ContextFull(format!(
             "the prompt has {} tokens; the {} backend holds {c} positions (a larger --context, or max_position_embeddings for cpu)",
@@ -170,9 +187,11 @@ pub fn generate_ids(
     let prefill = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let mut out = Vec::new();
+    let mut history = prompt_ids.to_vec();
     let mut reason = "max_tokens".to_string();
     while out.len() < max_tokens {
-        let next = argmax(&logits);
+        let next = sampler.next(&logits, &history);
+        history.push(next);
         out.push(next);
         if STOP_IDS.contains(&next) {
             reason = "stop_token".into();
@@ -199,8 +218,21 @@ pub fn generate(
     messages: &[Message],
     max_tokens: usize,
 ) -> Result<Generation> {
+    generate_with(b, tok, messages, max_tokens, &sample::Sampling::default())
+}
+
+/// [`generate`] with a sampling configuration (greedy at temperature 0).
+pub fn generate_with(
+    b: &mut dyn Backend,
+    tok: &Tokenizer,
+    messages: &[Message],
+    max_tokens: usize,
+    sampling: &sample::Sampling,
+) -> Result<Generation> {
     let prompt_ids = tok.encode_chat(messages)?;
-    let (ids, reason, prefill, decode) = generate_ids(b, &prompt_ids, max_tokens)?;
+    let mut sampler = sample::Sampler::new(sampling.clone());
+    let (ids, reason, prefill, decode) =
+        generate_ids_with(b, &prompt_ids, max_tokens, &mut sampler)?;
     let n_prompt = prompt_ids.len();
     let body: Vec<u32> = ids
         .iter()

@@ -43,6 +43,24 @@ pub struct Args {
     /// llama backend: the GGUF to run (llama.cpp from $LLAMA_CPP_BUILD); tokenizer and chat template from --model.
     #[arg(long)]
     pub gguf: Option<PathBuf>,
+    /// Sampling temperature; 0 (the default) is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens before drawing (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min-p × the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// llama.cpp's repetition penalty over the last 64 tokens (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Seed of the draw: the same seed gives the same tokens wherever the logits are the same.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     #[arg(long)]
     pub json: bool,
 }
@@ -67,6 +85,12 @@ impl Args {
             threads: 0,
             target: "v79".into(),
             gguf: None,
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            seed: 0,
             json: false,
         }
     }
@@ -87,6 +111,20 @@ pub enum BackendKind {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let sampling = hexq_runtime::sample::Sampling {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repeat_penalty: a.repeat_penalty,
+        seed: a.seed,
+        ..Default::default()
+    };
+    if let Err(e) = sampling.check() {
+        // clap's usage-error exit code: the flag's value is out of range.
+        eprintln!("error: invalid value {e}");
+        std::process::exit(2);
+    }
     use hexq_runtime::ort::Ep;
     let quiet = matches!(a.backend, BackendKind::Qnn).then(StdoutToStderr::new);
     let (mut b, tok): (Box<dyn hexq_runtime::Backend>, Tokenizer) = match a.backend {
@@ -151,7 +189,7 @@ pub fn run(a: Args) -> Result<()> {
         });
     }
     msgs.push(Message::user(&prompt));
-    let g = hexq_runtime::generate(b.as_mut(), &tok, &msgs, max_tokens)?;
+    let g = hexq_runtime::generate_with(b.as_mut(), &tok, &msgs, max_tokens, &sampling)?;
     drop(b);
     drop(quiet);
     if as_json {
