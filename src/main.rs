@@ -23,8 +23,11 @@ struct Cli {
 enum Cmd {
     /// Summarise a checkpoint: config, per-layer facts, parameter counts, tensors.
     Inspect(cmd::inspect::Args),
-    /// Generate greedily from a chat-formatted prompt.
+    /// Generate from a chat-formatted prompt (greedy, or sampled with --temperature …).
     Run(cmd::run::Args),
+    /// Multi-turn chat, one user turn per stdin line: replies streamed, the KV cache kept across turns
+    /// (only the new turn is fed), TTFT and decode tok/s per turn; /reset, /quit.
+    Chat(cmd::chat::Args),
     /// Build a deployable graph and summarise it (I/O, op histogram, Expand count, KV bytes per step).
     Graph(cmd::graph::Args),
     /// Record activation ranges of a graph on chat-formatted decode loops.
@@ -79,6 +82,7 @@ fn main() {
         Cmd::Verify(a) => cmd::verify::run(a),
         Cmd::Pipeline(a) => cmd::pipeline::run(a),
         Cmd::Build(a) => cmd::build::run(a),
+        Cmd::Chat(a) => cmd::chat::run(a),
         Cmd::Export(a) => cmd::export::run(a),
         Cmd::Gguf(a) => cmd::gguf::run(a),
         Cmd::Ablate(a) => cmd::ablate::run(a),

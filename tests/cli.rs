@@ -290,3 +290,66 @@ fn run_samples_deterministically_for_a_seed_across_backends() {
         );
     }
 }
+
+/// `hexq chat` over stdin, three turns on the bundled model: turns 2 and 3 feed only their own tokens (the
+/// model turn's close, the new user turn, the generation prompt — not the conversation again), and every
+/// turn's reply equals a fresh greedy run over the whole transcript so far.
+#[test]
+fn chat_keeps_the_kv_cache_across_turns() {
+    use std::io::Write;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hexq"))
+        .args(["chat", "--max-tokens", "5", "--json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(b"Hello there\nWhat is two plus two?\nThanks, bye\n")
+        .unwrap();
+    let o = c.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let turns = v["turns"].as_array().unwrap();
+    assert_eq!(turns.len(), 3);
+    let ids = |t: &Value, k: &str| -> Vec<u32> {
+        t[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let dir = fixture();
+    let ck = std::sync::Arc::new(hexq_model::Checkpoint::open(&dir).unwrap());
+    let tok = hexq_model::chat::Tokenizer::from_dir(&dir).unwrap();
+    let mut cpu = hexq_runtime::CpuBackend::new(hexq_model::Model::load(ck).unwrap());
+    let mut transcript: Vec<u32> = Vec::new();
+    for (k, t) in turns.iter().enumerate() {
+        let (fed, gen) = (ids(t, "fed_ids"), ids(t, "generated_ids"));
+        if k > 0 {
+            // The previous model turn's close, then the new user turn: nothing already in the cache.
+            assert_eq!(fed[0], hexq_model::chat::STOP_IDS[0], "turn {k}: {fed:?}");
+            let user = tok
+                .encode(&format!(
+                    "{}",
+                    ["", "What is two plus two?", "Thanks, bye"][k]
+                ))
+                .unwrap();
+            assert!(
+                fed.windows(user.len()).any(|w| w == user.as_slice()),
+                "turn {k}"
+            );
+            assert!(fed.len() < 40, "turn {k} fed {} ids", fed.len());
+        }
+        transcript.extend(&fed);
+        let (fresh, _, _, _) = hexq_runtime::generate_ids(&mut cpu, &transcript, 5).unwrap();
+        let fresh: Vec<u32> = fresh
+            .into_iter()
+            .take_while(|i| !hexq_model::chat::STOP_IDS.contains(i))
+            .collect();
+        assert_eq!(fresh, gen, "turn {k}: a fresh run over the transcript");
+        transcript.extend(&gen);
+    }
+}

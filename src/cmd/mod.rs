@@ -4,6 +4,7 @@
 pub mod ablate;
 pub mod build;
 pub mod calibrate;
+pub mod chat;
 pub mod compile;
 pub mod export;
 pub mod gguf;

@@ -111,6 +111,40 @@ pub enum BackendKind {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let sampling = sampling_of(&a);
+    let quiet = matches!(a.backend, BackendKind::Qnn).then(StdoutToStderr::new);
+    let (mut b, tok) = open_backend(&a)?;
+    let (system, prompt, max_tokens, as_json) = (a.system, a.prompt, a.max_tokens, a.json);
+    let mut msgs = Vec::new();
+    if let Some(s) = system {
+        msgs.push(Message {
+            role: "system".into(),
+            content: s,
+        });
+    }
+    msgs.push(Message::user(&prompt));
+    let g = hexq_runtime::generate_with(b.as_mut(), &tok, &msgs, max_tokens, &sampling)?;
+    drop(b);
+    drop(quiet);
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&g)?);
+    } else {
+        println!("{}", g.text);
+        eprintln!(
+            "[{}] prompt {} tokens, generated {} ({}), prefill {:.3}s, decode {:.2} tok/s",
+            g.backend,
+            g.prompt_ids.len(),
+            g.generated_ids.len(),
+            g.stop_reason,
+            g.prefill_seconds,
+            g.decode_tokens_per_second
+        );
+    }
+    Ok(())
+}
+
+/// The sampling flags, checked (an out-of-range value is a usage error, exit 2).
+pub fn sampling_of(a: &Args) -> hexq_runtime::sample::Sampling {
     let sampling = hexq_runtime::sample::Sampling {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -125,11 +159,15 @@ pub fn run(a: Args) -> Result<()> {
         eprintln!("error: invalid value {e}");
         std::process::exit(2);
     }
+    sampling
+}
+
+/// The backend `a` names, and the tokenizer that goes with it.
+pub fn open_backend(a: &Args) -> Result<(Box<dyn hexq_runtime::Backend>, Tokenizer)> {
     use hexq_runtime::ort::Ep;
-    let quiet = matches!(a.backend, BackendKind::Qnn).then(StdoutToStderr::new);
-    let (mut b, tok): (Box<dyn hexq_runtime::Backend>, Tokenizer) = match a.backend {
+    Ok(match a.backend {
         BackendKind::Cpu | BackendKind::Graph => {
-            let dir = model_dir(a.model)?;
+            let dir = model_dir(a.model.clone())?;
             let ck = Arc::new(Checkpoint::open(&dir)?);
             let tok = Tokenizer::from_dir(&dir)?;
             let b: Box<dyn hexq_runtime::Backend> = if matches!(a.backend, BackendKind::Cpu) {
@@ -179,32 +217,5 @@ pub fn run(a: Args) -> Result<()> {
             let b = hexq_runtime::llama::LlamaBackend::open(&g, a.context, a.threads)?;
             (Box::new(b), tok)
         }
-    };
-    let (system, prompt, max_tokens, as_json) = (a.system, a.prompt, a.max_tokens, a.json);
-    let mut msgs = Vec::new();
-    if let Some(s) = system {
-        msgs.push(Message {
-            role: "system".into(),
-            content: s,
-        });
-    }
-    msgs.push(Message::user(&prompt));
-    let g = hexq_runtime::generate_with(b.as_mut(), &tok, &msgs, max_tokens, &sampling)?;
-    drop(b);
-    drop(quiet);
-    if as_json {
-        println!("{}", serde_json::to_string_pretty(&g)?);
-    } else {
-        println!("{}", g.text);
-        eprintln!(
-            "[{}] prompt {} tokens, generated {} ({}), prefill {:.3}s, decode {:.2} tok/s",
-            g.backend,
-            g.prompt_ids.len(),
-            g.generated_ids.len(),
-            g.stop_reason,
-            g.prefill_seconds,
-            g.decode_tokens_per_second
-        );
-    }
-    Ok(())
+    })
 }
