@@ -237,10 +237,7 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
     std::fs::remove_file(stage.path("htp_targets.json"))?;
     let mut files = Vec::new();
     let mut sums = String::new();
-    let mut all = Vec::new();
-    list_files(&stage.tmp, &stage.tmp, &mut all)?;
-    all.sort();
-    for rel in all {
+    for rel in hexq_fsutil::list_files(&stage.tmp)? {
         let h = sha256_file(&stage.tmp.join(&rel))?;
         sums += &format!("{h}  {rel}\n");
         files.push(json!({"path": rel, "sha256": h}));
@@ -294,18 +291,6 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
                     .join(" + "),
                 out.display()
             );
-        }
-    }
-    Ok(())
-}
-
-fn list_files(base: &Path, d: &Path, out: &mut Vec<String>) -> Result<()> {
-    for e in std::fs::read_dir(d)? {
-        let p = e?.path();
-        if p.is_dir() {
-            list_files(base, &p, out)?;
-        } else {
-            out.push(p.strip_prefix(base)?.to_string_lossy().to_string());
         }
     }
     Ok(())

@@ -155,6 +155,25 @@ pub fn write_atomic(dest: &Path, bytes: &[u8]) -> Result<()> {
     out.commit()
 }
 
+/// Every regular file under `dir`, as paths relative to it (sorted).
+pub fn list_files(dir: &Path) -> Result<Vec<String>> {
+    fn walk(base: &Path, d: &Path, out: &mut Vec<String>) -> Result<()> {
+        for e in std::fs::read_dir(d).map_err(|e| Error::io(d, e))? {
+            let p = e.map_err(|e| Error::io(d, e))?.path();
+            if p.is_dir() {
+                walk(base, &p, out)?;
+            } else if let Ok(r) = p.strip_prefix(base) {
+                out.push(r.to_string_lossy().to_string());
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out)?;
+    out.sort();
+    Ok(out)
+}
+
 /// SHA256 of bytes, as lowercase hex.
 pub fn sha256_bytes(b: &[u8]) -> String {
     use sha2::{Digest, Sha256};

@@ -263,44 +263,12 @@ fn rotate_half(x: &Tensor) -> candle_core::Result<Tensor> {
 impl Model {
     /// Load the decoder weights as f32 (embedding lookups stay in the mmap).
     pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self> {
-        let dev = Device::Cpu;
-        let cfg = ckpt.config.clone();
-        let t = |name: &str| -> Result<Tensor> {
-            let info = ckpt.info(name)?;
-            Ok(Tensor::from_vec(
-                ckpt.f32(name)?,
-                info.shape.as_slice(),
-                &dev,
-            )?)
-        };
-        let opt = |name: &str, cond: bool| -> Result<Option<Tensor>> {
-            if cond {
-                t(name).map(Some)
-            } else {
-                Ok(None)
-            }
-        };
-        let ple = cfg.ple_dim > 0;
-        let mut layers = Vec::new();
-        for l in &cfg.layers {
-            layers.push(load_layer(&ckpt, l, false)?);
-        }
-        let inv_freq = cfg
-            .rope
-            .iter()
-            .map(|(k, r)| (k.clone(), r.inv_freq()))
-            .collect();
-        Ok(Model {
-            ple_model_proj: opt(names::PLE_PROJ, ple)?,
-            ple_proj_norm: opt(names::PLE_PROJ_NORM, ple)?,
-            final_norm: t(names::FINAL_NORM)?,
-            inv_freq,
-            host: Host::load(ckpt.clone())?,
-            layers,
-            cfg,
-            dev,
-            ckpt,
-        })
+        let mut m = Self::streamed(ckpt)?;
+        m.layers = (m.cfg.layers.iter())
+            .map(|l| load_layer(&m.ckpt, l, false))
+            .collect::<Result<_>>()?;
+        m.host = Host::load(m.ckpt.clone())?;
+        Ok(m)
     }
 
     /// The decoder without its layers in memory: [`Self::trunk`] reads each layer's weights when it reaches

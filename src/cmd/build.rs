@@ -205,29 +205,14 @@ struct Stamp {
 
 fn hash_path(p: &Path) -> Result<String> {
     if p.is_dir() {
-        let mut files = Vec::new();
-        walk(p, p, &mut files)?;
-        files.sort();
         let mut s = String::new();
-        for f in files {
+        for f in hexq_fsutil::list_files(p)? {
             s += &format!("{}  {f}\n", hexq_fsutil::sha256_file_cached(&p.join(&f))?);
         }
         Ok(hexq_fsutil::sha256_bytes(s.as_bytes()))
     } else {
         hexq_fsutil::sha256_file_cached(p).with_context(|| format!("hashing {}", p.display()))
     }
-}
-
-fn walk(base: &Path, d: &Path, out: &mut Vec<String>) -> Result<()> {
-    for e in std::fs::read_dir(d)? {
-        let p = e?.path();
-        if p.is_dir() {
-            walk(base, &p, out)?;
-        } else {
-            out.push(p.strip_prefix(base)?.to_string_lossy().to_string());
-        }
-    }
-    Ok(())
 }
 
 pub fn run(a: Args) -> Result<()> {
