@@ -43,18 +43,8 @@ pub struct Args {
     /// Most tokens per reply.
     #[arg(long, default_value_t = 256, value_parser = super::positive)]
     pub max_tokens: usize,
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: run::SamplingArgs,
     /// At the end, print every turn as JSON on stdout (ids fed, ids generated, text, timings) instead of
     /// streaming the replies.
     #[arg(long)]
@@ -69,12 +59,7 @@ fn run_args(a: &Args) -> run::Args {
         context: a.context,
         seq: a.seq,
         threads: a.threads,
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        seed: a.seed,
+        sampling: a.sampling.clone(),
         ..run::Args::new(a.model.clone(), a.backend, "", a.max_tokens)
     }
 }
@@ -109,7 +94,7 @@ impl Conversation {
 
 pub fn run(a: Args) -> Result<()> {
     let ra = run_args(&a);
-    let sampling = run::sampling_of(&ra);
+    let sampling = ra.sampling.sampling();
     let quiet = matches!(a.backend, BackendKind::Qnn).then(super::StdoutToStderr::new);
     let (mut b, tok) = run::open_backend(&ra)?;
     drop(quiet);

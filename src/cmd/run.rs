@@ -43,24 +43,8 @@ pub struct Args {
     /// llama backend: the GGUF to run (llama.cpp from $LLAMA_CPP_BUILD); tokenizer and chat template from --model.
     #[arg(long)]
     pub gguf: Option<PathBuf>,
-    /// Sampling temperature; 0 (the default) is greedy.
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Keep the k most likely tokens before drawing (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    /// Keep the smallest set of tokens whose probability reaches p (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
-    /// Drop tokens less likely than min-p × the most likely one (0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
-    /// llama.cpp's repetition penalty over the last 64 tokens (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    /// Seed of the draw: the same seed gives the same tokens wherever the logits are the same.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     #[arg(long)]
     pub json: bool,
 }
@@ -85,12 +69,7 @@ impl Args {
             threads: 0,
             target: "v79".into(),
             gguf: None,
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repeat_penalty: 1.0,
-            seed: 0,
+            sampling: SamplingArgs::default(),
             json: false,
         }
     }
@@ -111,7 +90,7 @@ pub enum BackendKind {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let sampling = sampling_of(&a);
+    let sampling = a.sampling.sampling();
     let quiet = matches!(a.backend, BackendKind::Qnn).then(StdoutToStderr::new);
     let (mut b, tok) = open_backend(&a)?;
     let (system, prompt, max_tokens, as_json) = (a.system, a.prompt, a.max_tokens, a.json);
@@ -143,23 +122,61 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// The sampling flags, checked (an out-of-range value is a usage error, exit 2).
-pub fn sampling_of(a: &Args) -> hexq_runtime::sample::Sampling {
-    let sampling = hexq_runtime::sample::Sampling {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        seed: a.seed,
-        ..Default::default()
-    };
-    if let Err(e) = sampling.check() {
-        // clap's usage-error exit code: the flag's value is out of range.
-        eprintln!("error: invalid value {e}");
-        std::process::exit(2);
+/// Sampling flags, shared by `run` and `chat`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Sampling temperature; 0 (the default) is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens before drawing (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min-p × the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// llama.cpp's repetition penalty over the last 64 tokens (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Seed of the draw: the same seed gives the same tokens wherever the logits are the same.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl Default for SamplingArgs {
+    fn default() -> Self {
+        let d = hexq_runtime::sample::Sampling::default();
+        SamplingArgs {
+            temperature: d.temperature,
+            top_k: d.top_k,
+            top_p: d.top_p,
+            min_p: d.min_p,
+            repeat_penalty: d.repeat_penalty,
+            seed: d.seed,
+        }
     }
-    sampling
+}
+
+impl SamplingArgs {
+    /// The sampling configuration, checked (an out-of-range value is a usage error, exit 2).
+    pub fn sampling(&self) -> hexq_runtime::sample::Sampling {
+        let s = hexq_runtime::sample::Sampling {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            seed: self.seed,
+            ..Default::default()
+        };
+        if let Err(e) = s.check() {
+            eprintln!("error: invalid value {e}");
+            std::process::exit(2);
+        }
+        s
+    }
 }
 
 /// The backend `a` names, and the tokenizer that goes with it.
