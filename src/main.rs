@@ -55,6 +55,10 @@ enum Cmd {
     /// Compile an export to a QNN HTP context binary for a target: `<variant>_<target>.bin` + its EPContext
     /// `.onnx` in the export dir, recorded in manifest.json and SHA256SUMS; the embedded SoC/arch is checked.
     Compile(cmd::compile::Args),
+    /// A Genie bundle from a shared prefill+decode build: genie_config.json (validated against Genie's
+    /// schema), htp_backend_ext_config.json, the binary, tokenizer, embedding LUTs, and genie-io.json — where
+    /// the graphs' I/O differs from what Genie's engine expects.
+    Genie(cmd::genie::Args),
     /// Import a GGUF as a Hugging Face-layout checkpoint (config.json, safetensors, tokenizer, chat template).
     Import(cmd::import::Args),
     /// Write a random-weight bf16 checkpoint with the real names and shapes of a config (streamed).
@@ -87,6 +91,7 @@ fn main() {
         Cmd::Gguf(a) => cmd::gguf::run(a),
         Cmd::Ablate(a) => cmd::ablate::run(a),
         Cmd::Compile(a) => cmd::compile::run(a),
+        Cmd::Genie(a) => cmd::genie::run(a),
         Cmd::Synth(a) => cmd::synth::run(a),
         Cmd::Import(a) => cmd::import::run(a),
     };

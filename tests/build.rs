@@ -65,6 +65,7 @@ fn tiny_recipe_is_deterministic_and_resumes_downstream_of_a_changed_dataset() {
                 .collect();
             assert_eq!(g, ["decode_wgqa", "trunk"], "{c}");
         }
+        genie_bundle_is_valid_and_matches_its_snapshot(&out);
     }
     let manifest = std::fs::read(out.join("build-manifest.json")).unwrap();
     // Twice: nothing redone, the manifest byte-identical.
@@ -270,4 +271,100 @@ fn shared_compile_refuses_disagreeing_weights_and_x86_refuses_to_load_it() {
             "{err}"
         );
     }
+}
+
+/// The recipe's Genie bundle (compile.genie): genie_config.json passes Genie's schema and equals the committed
+/// snapshot (HEXQ_UPDATE_SNAPSHOTS=1 rewrites it); the LUT holds exactly the graph input's quantization of
+/// the host embedding rows; every file is in SHA256SUMS; bad inputs are refused naming the file.
+fn genie_bundle_is_valid_and_matches_its_snapshot(out: &std::path::Path) {
+    let b = out.join("genie/v79");
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(b.join("genie_config.json")).unwrap()).unwrap();
+    assert_eq!(hexq_compile::genie::validate(&cfg), Vec::<String>::new());
+    let snap = common::root().join("tests/snapshots/genie_config.tiny-v79.json");
+    let text = std::fs::read_to_string(b.join("genie_config.json")).unwrap();
+    if std::env::var_os("HEXQ_UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(&snap, &text).unwrap();
+    }
+    assert_eq!(
+        text,
+        std::fs::read_to_string(&snap).unwrap(),
+        "genie_config.json differs from {}",
+        snap.display()
+    );
+    let ext: Value =
+        serde_json::from_slice(&std::fs::read(b.join("htp_backend_ext_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(ext["devices"][0]["dsp_arch"], "v79");
+    assert_eq!(ext["context"]["weight_sharing_enabled"], true);
+    // LUT = quantize(row × multiplier) with inputs_embeds' encoding, value for value.
+    let hm = out.join("prefill_decode/host-model");
+    let host: Value =
+        serde_json::from_slice(&std::fs::read(hm.join("host-model.json")).unwrap()).unwrap();
+    let t = host["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "embed_tokens.weight")
+        .unwrap();
+    let rows = std::fs::read(hm.join(t["file"].as_str().unwrap())).unwrap();
+    let mult = t["row_multiplier"].as_f64().unwrap() as f32;
+    let lut = std::fs::read(b.join("embedding_lut.bin")).unwrap();
+    let q = &cfg["dialog"]["embedding"]["quant-param"];
+    let (scale, offset) = (q["scale"].as_f64().unwrap(), q["offset"].as_i64().unwrap());
+    assert_eq!(lut.len() * 2, rows.len());
+    for (x, l) in rows.chunks_exact(4).zip(lut.chunks_exact(2)).step_by(7) {
+        let x = f32::from_le_bytes(x.try_into().unwrap()) * mult;
+        let l = u16::from_le_bytes(l.try_into().unwrap()) as i64;
+        let want =
+            ((x / scale as f32).round_ties_even() - offset as f32).clamp(0.0, 65535.0) as i64;
+        assert_eq!(l, want, "{x}");
+        assert!(
+            ((l + offset) as f64 * scale - x as f64).abs() <= scale * 0.5001 + 1e-6
+                || l == 0
+                || l == 65535
+        );
+    }
+    let sums = std::fs::read_to_string(b.join("SHA256SUMS")).unwrap();
+    for f in [
+        "genie_config.json",
+        "htp_backend_ext_config.json",
+        "prefill_decode_v79.bin",
+        "tokenizer.json",
+        "embedding_lut.bin",
+        "perlayer_embedding_lut.bin",
+        "genie-io.json",
+        "manifest.json",
+    ] {
+        assert!(sums.contains(&format!("  {f}\n")), "{f} not in SHA256SUMS");
+    }
+    let io: Value =
+        serde_json::from_slice(&std::fs::read(b.join("genie-io.json")).unwrap()).unwrap();
+    assert_eq!(io["genie_can_drive_these_graphs"], false);
+    assert!(io["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d["genie_expects"].as_str().unwrap().contains("logits")));
+    // Not a shared build; a build with two targets and no --target.
+    let e = common::hexq_err(&[
+        "genie",
+        "--artifacts",
+        out.join("export/decode_wgqa").to_str().unwrap(),
+        "--out",
+        out.join("g-bad").to_str().unwrap(),
+    ]);
+    assert!(
+        e.contains("export/decode_wgqa/manifest.json: not a shared prefill+decode build"),
+        "{e}"
+    );
+    let e = common::hexq_err(&[
+        "genie",
+        "--artifacts",
+        out.join("prefill_decode").to_str().unwrap(),
+        "--out",
+        out.join("g-bad").to_str().unwrap(),
+    ]);
+    assert!(e.contains("pick one with --target"), "{e}");
+    assert!(!out.join("g-bad").exists());
 }

@@ -10,6 +10,7 @@
 //! Per-target settings come from one table, compile-scripts/htp_targets.json (embedded). Outputs land in the
 //! export directory atomically (temp dir, then rename), and are recorded in manifest.json and SHA256SUMS.
 
+pub mod genie;
 pub mod shared;
 
 use anyhow::{anyhow, bail, Context, Result};

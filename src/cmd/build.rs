@@ -103,6 +103,9 @@ pub struct CompileCfg {
     /// One weight-shared context binary per target for decode_wgqa + trunk (their own binaries too).
     #[serde(default)]
     pub shared: bool,
+    /// A Genie bundle per target from the shared binary (`hexq genie`): genie/<target>/.
+    #[serde(default)]
+    pub genie: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -156,6 +159,12 @@ pub fn load(p: &Path) -> Result<(Recipe, String)> {
         if c.shared && !(has("trunk") && has("decode_wgqa")) {
             bail!(
                 "{}: compile.shared needs a decode_wgqa and a trunk artifact",
+                p.display()
+            );
+        }
+        if c.genie && !c.shared {
+            bail!(
+                "{}: compile.genie bundles the shared binary: set compile.shared = true",
                 p.display()
             );
         }
@@ -350,6 +359,26 @@ pub fn run(a: Args) -> Result<()> {
             writes,
             run: Box::new(move || compile::run(ca)),
         });
+        for t in c.targets.iter().filter(|_| c.genie) {
+            let ga = hexq_compile::genie::GenieArgs {
+                dir: out.join("prefill_decode"),
+                out: out.join(format!("genie/{t}")),
+                target: Some(t.clone()),
+                force: true,
+            };
+            std::fs::create_dir_all(out.join("genie"))?;
+            stages.push(Stage {
+                name: format!("genie {t}"),
+                settings: json!({}),
+                // The shared manifest holds every input's hash (binary, graphs, sources).
+                reads: vec![out.join("prefill_decode/manifest.json")],
+                writes: vec![
+                    format!("genie/{t}/genie_config.json"),
+                    format!("genie/{t}/SHA256SUMS"),
+                ],
+                run: Box::new(move || hexq_compile::genie::bundle(&ga).map(|_| ())),
+            });
+        }
     }
     for g in &r.gguf {
         let ty: hexq_export::gguf::FileType =

@@ -7,6 +7,7 @@ pub mod calibrate;
 pub mod chat;
 pub mod compile;
 pub mod export;
+pub mod genie;
 pub mod gguf;
 pub mod graph;
 pub mod import;

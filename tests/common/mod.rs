@@ -27,6 +27,18 @@ pub fn hexq_ok(args: &[&str]) -> Output {
     o
 }
 
+/// `hexq args…`, which must fail with exit 1; returns stderr.
+pub fn hexq_err(args: &[&str]) -> String {
+    let o = hexq(args);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "hexq {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
 /// Whether python3 imports `modules` (the independent judges). With HEXQ_REQUIRE_JUDGES set (CI) a missing
 /// judge fails the test; elsewhere the test skips with the reason printed.
 pub fn judge(modules: &str) -> bool {
