@@ -28,6 +28,9 @@ enum Cmd {
     /// Multi-turn chat, one user turn per stdin line: replies streamed, the KV cache kept across turns
     /// (only the new turn is fed), TTFT and decode tok/s per turn; /reset, /quit.
     Chat(cmd::chat::Args),
+    /// An OpenAI-compatible HTTP server (POST /v1/chat/completions, streaming or not; GET /v1/models,
+    /// /health) over any backend: one model loaded once, requests answered in order, llama-server's timings.
+    Serve(cmd::serve::Args),
     /// Build a deployable graph and summarise it (I/O, op histogram, Expand count, KV bytes per step).
     Graph(cmd::graph::Args),
     /// Record activation ranges of a graph on chat-formatted decode loops.
@@ -87,6 +90,7 @@ fn main() {
         Cmd::Pipeline(a) => cmd::pipeline::run(a),
         Cmd::Build(a) => cmd::build::run(a),
         Cmd::Chat(a) => cmd::chat::run(a),
+        Cmd::Serve(a) => cmd::serve::run(a),
         Cmd::Export(a) => cmd::export::run(a),
         Cmd::Gguf(a) => cmd::gguf::run(a),
         Cmd::Ablate(a) => cmd::ablate::run(a),

@@ -15,6 +15,7 @@ pub mod inspect;
 pub mod pipeline;
 pub mod quantize;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod verify;
 
