@@ -6,6 +6,7 @@ pub mod infer;
 pub mod interp;
 pub mod ir;
 pub mod report;
+pub mod rowmm;
 
 pub use build::{build, GraphOptions, Variant};
 pub use ir::{DType, Graph, Op, NEG, OPSET};
