@@ -178,22 +178,30 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
     assert!(!t.path().join("x.json").exists());
 }
 
+/// The batched engine (issue 20): one prompt at a time (--batch 1), 5 and 16 side by side, one thread or
+/// all — the stats file byte-identical every time.
 #[test]
-fn calibration_is_byte_identical_across_runs_and_thread_counts() {
+fn calibration_is_byte_identical_across_runs_thread_counts_and_batch_sizes() {
     let t = tempfile::tempdir().unwrap();
     let a = t.path().join("a.json");
-    let b = t.path().join("b.json");
-    let c = t.path().join("c.json");
-    ok(&calibrate(&a, &[], &[]));
-    ok(&calibrate(&b, &[], &[]));
-    ok(&calibrate(
-        &c,
-        &[],
-        &[("RAYON_NUM_THREADS", "1"), ("CANDLE_NUM_THREADS", "1")],
-    ));
+    ok(&calibrate(&a, &["--batch", "1"], &[]));
     let ba = std::fs::read(&a).unwrap();
-    assert_eq!(ba, std::fs::read(&b).unwrap());
-    assert_eq!(ba, std::fs::read(&c).unwrap());
+    for (k, (args, env)) in [
+        (&["--batch", "1"][..], &[][..]),
+        (&["--batch", "5"][..], &[][..]),
+        (
+            &["--batch", "16", "--threads", "1"][..],
+            &[("CANDLE_NUM_THREADS", "1")][..],
+        ),
+        (&["--batch", "16"][..], &[][..]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let b = t.path().join(format!("b{k}.json"));
+        ok(&calibrate(&b, args, env));
+        assert_eq!(ba, std::fs::read(&b).unwrap(), "{args:?} {env:?}");
+    }
 }
 
 #[test]

@@ -165,6 +165,9 @@ pub struct Options {
     pub ignore_guards: bool,
     /// Replace the embeddings by N(0,1) noise (to demonstrate the failure mode; refused unless forced).
     pub noise: bool,
+    /// Decode-graph calibration on the interpreter: prompts decoded side by side, one batched graph run
+    /// per step (see [`decode_batched`]); the ranges do not depend on it.
+    pub batch: usize,
 }
 
 /// What the weights were during calibration: "float", or the param scheme they were fake-quantized with
@@ -260,6 +263,12 @@ pub fn calibrate_with(
         o.variant
     };
     let mut interp;
+    let batched =
+        matches!(engine, Engine::Interp { .. }) && o.variant != Variant::Trunk && !o.noise;
+    pb.set_length(recs.len() as u64);
+    let mut seen = HashSet::new();
+    let mut tokens = 0u64;
+    let mut history = false;
     let b: &mut dyn Hidden = match engine {
         Engine::Interp { params } => {
             interp = GraphBackend::for_model(
@@ -273,6 +282,16 @@ pub fn calibrate_with(
                 interp.bake(p.as_mut())?;
             }
             interp.hook = Some(Box::new(obs.clone()));
+            if batched {
+                let ids: Vec<Vec<u32>> = recs
+                    .iter()
+                    .map(|r| prompt_ids(tok, r, o))
+                    .collect::<Result<_>>()?;
+                for p in &ids {
+                    seen.extend(p.iter().copied().filter(|i| TEMPLATE_IDS.contains(i)));
+                }
+                tokens = decode_batched(&ck, &mut interp, &ids, o, pb)?;
+            }
             &mut interp
         }
         // (--noise: its set_noise refuses, before any observation.)
@@ -281,19 +300,8 @@ pub fn calibrate_with(
             b
         }
     };
-    pb.set_length(recs.len() as u64);
-    let mut seen = HashSet::new();
-    let mut tokens = 0u64;
-    let mut history = false;
-    for (k, r) in recs.iter().enumerate() {
-        let ids = match &r.messages {
-            Some(m) => tok.encode_chat(m)?,
-            None => tok.encode(r.text.as_deref().unwrap())?,
-        };
-        let ids: Vec<u32> = ids
-            .into_iter()
-            .take(o.graph.context.saturating_sub(o.decode_tokens + 1))
-            .collect();
+    for (k, r) in recs.iter().enumerate().filter(|_| !batched) {
+        let ids = prompt_ids(tok, r, o)?;
         seen.extend(ids.iter().copied().filter(|i| TEMPLATE_IDS.contains(i)));
         b.reset_all();
         if o.noise {
@@ -371,4 +379,131 @@ pub fn calibrate_with(
         params: mode,
         tensors,
     })
+}
+
+/// A record's ids: the chat template (or raw text), cut to leave room for the decode steps.
+fn prompt_ids(tok: &Tokenizer, r: &Record, o: &Options) -> Result<Vec<u32>> {
+    let ids = match &r.messages {
+        Some(m) => tok.encode_chat(m)?,
+        None => tok.encode(r.text.as_deref().unwrap())?,
+    };
+    Ok(ids
+        .into_iter()
+        .take(o.graph.context.saturating_sub(o.decode_tokens + 1))
+        .collect())
+}
+
+/// One prompt in flight: its ids, how far it is, the tokens it generated, its last hidden state and KV.
+struct Job {
+    ids: Vec<u32>,
+    cur: usize,
+    generated: usize,
+    h: Vec<f32>,
+    slot: hexq_runtime::graph::Slot,
+}
+
+/// Decode-graph calibration with `o.batch` prompts side by side (continuous batching: a finished prompt's
+/// place goes to the next one): every prompt token, then up to `decode_tokens` greedy tokens, each a decode
+/// step of its own sequence — the same steps, inputs and observed tensors as one prompt at a time, in
+/// another order (min/max/count merge order-free; `GraphBackend::step_batch` is exact per sequence). The
+/// greedy choice uses the head's rows through the same batch-invariant kernel, so it does not depend on the
+/// batch either. Returns the tokens observed.
+pub fn decode_batched(
+    ck: &Arc<Checkpoint>,
+    b: &mut GraphBackend,
+    prompts: &[Vec<u32>],
+    o: &Options,
+    pb: &indicatif::ProgressBar,
+) -> Result<u64> {
+    use hexq_graph::interp::WeightSource;
+    let cfg = &ck.config;
+    let head = ck.rows(if cfg.tie_word_embeddings {
+        hexq_model::names::EMBED
+    } else {
+        hexq_model::names::LM_HEAD
+    })?;
+    let cap = cfg.final_logit_softcapping;
+    let mut next = prompts.iter();
+    let mut jobs: Vec<Job> = Vec::new();
+    let (mut tokens, t0) = (0u64, std::time::Instant::now());
+    loop {
+        while jobs.len() < o.batch.max(1) {
+            let Some(p) = next.next() else { break };
+            tokens += p.len() as u64;
+            jobs.push(Job {
+                ids: p.clone(),
+                cur: 0,
+                generated: 0,
+                h: vec![],
+                slot: b.new_slot(),
+            });
+        }
+        // Greedy picks for the jobs past their prompt, in one head multiply.
+        let want: Vec<usize> = (0..jobs.len())
+            .filter(|&j| jobs[j].cur == jobs[j].ids.len() && jobs[j].generated < o.decode_tokens)
+            .collect();
+        let mut picks = vec![None; jobs.len()];
+        if !want.is_empty() {
+            let x: Vec<f32> = want
+                .iter()
+                .flat_map(|&j| jobs[j].h.iter().copied())
+                .collect();
+            let logits = hexq_graph::rowmm::matmul(&x, want.len(), &head);
+            for (r, &j) in want.iter().enumerate() {
+                let row = &logits[r * head.out..(r + 1) * head.out];
+                let row: Vec<f32> = match cap {
+                    Some(c) => row
+                        .iter()
+                        .map(|&v| (v / c as f32).tanh() * c as f32)
+                        .collect(),
+                    None => row.to_vec(),
+                };
+                picks[j] = Some(argmax(&row));
+            }
+        }
+        let mut step: Vec<(usize, u32)> = Vec::new();
+        let mut finished = Vec::new();
+        for (j, job) in jobs.iter_mut().enumerate() {
+            if job.cur < job.ids.len() {
+                step.push((j, job.ids[job.cur]));
+                job.cur += 1;
+            } else {
+                match picks[j] {
+                    Some(t) if !STOP_IDS.contains(&t) => {
+                        job.generated += 1;
+                        tokens += 1;
+                        step.push((j, t));
+                    }
+                    _ => finished.push(j),
+                }
+            }
+        }
+        if step.is_empty() && finished.is_empty() {
+            break;
+        }
+        if !step.is_empty() {
+            let (idx, ids): (Vec<usize>, Vec<u32>) = step.iter().copied().unzip();
+            let mut slots: Vec<&mut hexq_runtime::graph::Slot> = Vec::new();
+            let mut it = jobs.iter_mut().enumerate();
+            for &j in &idx {
+                for (k, job) in it.by_ref() {
+                    if k == j {
+                        slots.push(&mut job.slot);
+                        break;
+                    }
+                }
+            }
+            let hs = b.step_batch(&mut slots, &ids)?;
+            for (j, h) in idx.into_iter().zip(hs) {
+                jobs[j].h = h;
+            }
+        }
+        for &j in finished.iter().rev() {
+            jobs.remove(j);
+            pb.inc(1);
+        }
+        let s = t0.elapsed().as_secs_f64();
+        pb.set_message(format!("{:.1} tok/s", tokens as f64 / s.max(1e-9)));
+    }
+    Ok(tokens)
 }

@@ -3,6 +3,7 @@
 //! copy). Weights are fetched lazily from a [`WeightSource`] and cached per initializer.
 
 use crate::ir::{DType, Graph, GraphError, InitSource, Op};
+use crate::rowmm::{self, RowWeight, Rows};
 use candle_core::{DType as CD, Device, Tensor};
 use hexq_model::checkpoint::Checkpoint;
 use hexq_model::error::{Error, Result};
@@ -12,6 +13,17 @@ use std::sync::{Arc, Mutex};
 /// Supplies checkpoint tensors as f32 by prefix-relative name.
 pub trait WeightSource: Send + Sync {
     fn weight(&self, name: &str) -> Result<Tensor>;
+    /// A 2-D `[out, in]` weight as rows for [`rowmm`] in its stored dtype (bf16 kept as bf16); by default
+    /// the f32 values.
+    fn rows(&self, name: &str) -> Result<RowWeight> {
+        let t = self.weight(name)?;
+        let (out, inp) = t.dims2()?;
+        Ok(RowWeight {
+            out,
+            inp,
+            rows: Rows::F32(t.flatten_all()?.to_vec1()?),
+        })
+    }
 }
 
 impl WeightSource for Checkpoint {
@@ -22,6 +34,29 @@ impl WeightSource for Checkpoint {
             info.shape.as_slice(),
             &Device::Cpu,
         )?)
+    }
+    fn rows(&self, name: &str) -> Result<RowWeight> {
+        let info = self.info(name)?;
+        let (out, inp) = match info.shape.as_slice() {
+            [o, i] => (*o, *i),
+            s => {
+                return Err(Error::Graph {
+                    graph: String::new(),
+                    msg: format!("{name}: {s:?} is not a 2-D weight"),
+                })
+            }
+        };
+        let rows = if info.dtype == hexq_model::weights::DType::BF16 {
+            let b = self.store.bytes(info);
+            Rows::Bf16(
+                b.chunks_exact(2)
+                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                    .collect(),
+            )
+        } else {
+            Rows::F32(self.f32(name)?)
+        };
+        Ok(RowWeight { out, inp, rows })
     }
 }
 
@@ -45,6 +80,30 @@ pub struct Interpreter {
     weights: Arc<Mutex<HashMap<String, Tensor>>>,
     /// For each node, the values whose last use it is (freed after it runs).
     frees: Vec<Vec<String>>,
+    /// Per node: the weight initializer when the node is `MatMul(x, Wᵀ)` of a checkpoint weight — run by
+    /// [`rowmm`] on the weight's own rows (batch-invariant, bf16 kept).
+    fast: Vec<Option<String>>,
+    /// Weights consumed only by such MatMuls: never materialized as [in, out] tensors during a run (and not
+    /// offered to run-time hooks: transform weights with [`Interpreter::bake`]).
+    fast_only: std::collections::HashSet<String>,
+    /// Row weights by initializer name, shared like `weights`.
+    rows: Arc<Mutex<HashMap<String, Arc<RowWeight>>>>,
+}
+
+/// A value during a batched run: one tensor shared by every sequence (constants and what only they feed),
+/// or one per sequence.
+enum Val {
+    One(Tensor),
+    Per(Vec<Tensor>),
+}
+
+impl Val {
+    fn get(&self, i: usize) -> &Tensor {
+        match self {
+            Val::One(t) => t,
+            Val::Per(v) => &v[i],
+        }
+    }
 }
 
 fn e(graph: &str, node: &str, m: impl std::fmt::Display) -> Error {
@@ -80,19 +139,100 @@ impl Interpreter {
                 frees[k].push(name.to_string());
             }
         }
+        let transposed = |name: &str| {
+            graph.initializers.iter().any(|i| {
+                i.name == name
+                    && matches!(
+                        &i.source,
+                        InitSource::Weight {
+                            transpose: true,
+                            ..
+                        }
+                    )
+            })
+        };
+        let fast: Vec<Option<String>> = graph
+            .nodes
+            .iter()
+            .map(|n| {
+                (matches!(n.op, Op::MatMul) && transposed(&n.inputs[1]))
+                    .then(|| n.inputs[1].clone())
+            })
+            .collect();
+        let fast_only = graph
+            .initializers
+            .iter()
+            .map(|i| i.name.clone())
+            .filter(|name| {
+                let uses: Vec<usize> = (0..graph.nodes.len())
+                    .filter(|&k| graph.nodes[k].inputs.iter().any(|x| x == name))
+                    .collect();
+                !uses.is_empty()
+                    && uses
+                        .iter()
+                        .all(|&k| fast[k].as_deref() == Some(name.as_str()))
+                    && !graph.nodes.iter().any(|n| n.inputs[0] == *name)
+            })
+            .collect();
         Ok(Interpreter {
             graph,
             src,
             cache: Mutex::new(HashMap::new()),
             weights: Default::default(),
             frees,
+            fast,
+            fast_only,
+            rows: Default::default(),
         })
     }
 
     /// Share the weight cache of another interpreter over the same checkpoint.
     pub fn sharing_weights_with(mut self, other: &Interpreter) -> Self {
         self.weights = other.weights.clone();
+        self.rows = other.rows.clone();
         self
+    }
+
+    /// The rows of a MatMul weight: from the (baked) [in, out] tensor when one exists, else straight from
+    /// the checkpoint in its dtype.
+    fn row_weight(&self, name: &str) -> Result<Arc<RowWeight>> {
+        if let Some(r) = self.rows.lock().unwrap().get(name) {
+            return Ok(r.clone());
+        }
+        let baked = self.weights.lock().unwrap().get(name).cloned();
+        let r = match baked {
+            Some(t) => {
+                let w = t.t()?.contiguous()?;
+                let (out, inp) = w.dims2()?;
+                RowWeight {
+                    out,
+                    inp,
+                    rows: Rows::F32(w.flatten_all()?.to_vec1()?),
+                }
+            }
+            None => {
+                let Some(InitSource::Weight { tensor, .. }) = self
+                    .graph
+                    .initializers
+                    .iter()
+                    .find(|i| i.name == name)
+                    .map(|i| &i.source)
+                else {
+                    unreachable!("fast MatMul weights are checkpoint weights")
+                };
+                self.src.rows(tensor)?
+            }
+        };
+        let r = Arc::new(r);
+        self.rows
+            .lock()
+            .unwrap()
+            .insert(name.to_string(), r.clone());
+        if self.fast_only.contains(name) {
+            // The rows are the copy the runs use: drop the [in, out] tensor (half the memory).
+            self.weights.lock().unwrap().remove(name);
+        }
+        Ok(r)
     }
 
     fn init_value(&self, name: &str) -> Result<Tensor> {
@@ -152,6 +292,7 @@ impl Interpreter {
                     &self.cache
                 };
                 map.lock().unwrap().insert(init.name.clone(), r);
+                self.rows.lock().unwrap().remove(&init.name);
             }
         }
         Ok(())
@@ -164,52 +305,139 @@ impl Interpreter {
         inputs: &HashMap<String, Tensor>,
         hook: &mut dyn Hook,
     ) -> Result<HashMap<String, Tensor>> {
+        Ok(self
+            .run_batch(std::slice::from_ref(inputs), hook)?
+            .pop()
+            .unwrap())
+    }
+
+    /// Run the graph for several independent input sets at once: every weight MatMul multiplies all of their
+    /// rows in one [`rowmm`] call (weights read once per batch), other ops run per set, constants once. Each
+    /// set's outputs — and every tensor the hook sees, once per set — are bit for bit what [`run`] gives it
+    /// alone.
+    ///
+    /// [`run`]: Interpreter::run
+    pub fn run_batch(
+        &self,
+        inputs: &[HashMap<String, Tensor>],
+        hook: &mut dyn Hook,
+    ) -> Result<Vec<HashMap<String, Tensor>>> {
         let g = &self.graph;
-        let mut vals: HashMap<String, Tensor> = HashMap::new();
+        let b = inputs.len();
+        let mut vals: HashMap<String, Val> = HashMap::new();
         for vi in &g.inputs {
-            let t = inputs.get(&vi.name).ok_or_else(|| Error::Graph {
-                graph: g.name.clone(),
-                msg: format!("missing input {:?}", vi.name),
-            })?;
-            if t.dims() != vi.ty.shape.as_slice() {
-                return Err(Error::Graph {
+            let mut per = Vec::with_capacity(b);
+            for inp in inputs {
+                let t = inp.get(&vi.name).ok_or_else(|| Error::Graph {
                     graph: g.name.clone(),
-                    msg: format!(
-                        "input {:?} has shape {:?}, contract says {:?}",
-                        vi.name,
-                        t.dims(),
-                        vi.ty.shape
-                    ),
-                });
+                    msg: format!("missing input {:?}", vi.name),
+                })?;
+                if t.dims() != vi.ty.shape.as_slice() {
+                    return Err(Error::Graph {
+                        graph: g.name.clone(),
+                        msg: format!(
+                            "input {:?} has shape {:?}, contract says {:?}",
+                            vi.name,
+                            t.dims(),
+                            vi.ty.shape
+                        ),
+                    });
+                }
+                let want = if vi.ty.dtype.is_float() {
+                    CD::F32
+                } else {
+                    CD::I64
+                };
+                let t = t.to_dtype(want)?;
+                per.push(hook.tensor(&vi.name, &t).unwrap_or(t));
             }
-            let want = if vi.ty.dtype.is_float() {
-                CD::F32
-            } else {
-                CD::I64
-            };
-            let t = t.to_dtype(want)?;
-            let t = hook.tensor(&vi.name, &t).unwrap_or(t);
-            vals.insert(vi.name.clone(), t);
+            vals.insert(vi.name.clone(), Val::Per(per));
         }
-        for init in &g.initializers {
+        for init in g
+            .initializers
+            .iter()
+            .filter(|i| !self.fast_only.contains(&i.name))
+        {
             let t = self.init_value(&init.name)?;
             let t = hook.tensor(&init.name, &t).unwrap_or(t);
-            vals.insert(init.name.clone(), t);
+            vals.insert(init.name.clone(), Val::One(t));
         }
         for (k, n) in g.nodes.iter().enumerate() {
-            let ins: Vec<&Tensor> = n.inputs.iter().map(|i| &vals[i]).collect();
             let out_ty = &g.types[&n.outputs[0]];
-            let t = eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))?;
-            let t = hook.tensor(&n.outputs[0], &t).unwrap_or(t);
-            vals.insert(n.outputs[0].clone(), t);
+            let name = &n.outputs[0];
+            let v = if let Some(w) = &self.fast[k] {
+                let w = self.row_weight(w)?;
+                match &vals[&n.inputs[0]] {
+                    Val::One(x) => Val::One(self.fast_matmul(&[x], &w, &out_ty.shape)?.remove(0)),
+                    Val::Per(xs) => Val::Per(self.fast_matmul(
+                        &xs.iter().collect::<Vec<_>>(),
+                        &w,
+                        &out_ty.shape,
+                    )?),
+                }
+            } else if n.inputs.iter().all(|i| matches!(vals[i], Val::One(_))) {
+                let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(0)).collect();
+                Val::One(eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))?)
+            } else {
+                let mut per = Vec::with_capacity(b);
+                for s in 0..b {
+                    let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(s)).collect();
+                    per.push(eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))?);
+                }
+                Val::Per(per)
+            };
+            // The hook sees each set's tensor, as b separate runs would show it.
+            let v = match v {
+                Val::One(t) => {
+                    let mut r = None;
+                    for _ in 0..b {
+                        r = hook.tensor(name, &t).or(r);
+                    }
+                    Val::One(r.unwrap_or(t))
+                }
+                Val::Per(ts) => Val::Per(
+                    ts.into_iter()
+                        .map(|t| hook.tensor(name, &t).unwrap_or(t))
+                        .collect(),
+                ),
+            };
+            vals.insert(name.clone(), v);
             for f in &self.frees[k] {
                 vals.remove(f);
             }
         }
-        Ok(g.outputs
-            .iter()
-            .map(|o| (o.name.clone(), vals.remove(&o.name).unwrap()))
+        Ok((0..b)
+            .map(|s| {
+                g.outputs
+                    .iter()
+                    .map(|o| (o.name.clone(), vals[&o.name].get(s).clone()))
+                    .collect()
+            })
             .collect())
+    }
+
+    /// `x · Wᵀ` for each x (shape `[.., in]`) through one [`rowmm::matmul`] over all their rows.
+    fn fast_matmul(&self, xs: &[&Tensor], w: &RowWeight, out: &[usize]) -> Result<Vec<Tensor>> {
+        let mut rows = Vec::new();
+        let mut n = Vec::with_capacity(xs.len());
+        for x in xs {
+            let v: Vec<f32> = x.flatten_all()?.to_vec1()?;
+            n.push(v.len() / w.inp);
+            rows.extend(v);
+        }
+        let y = rowmm::matmul(&rows, rows.len() / w.inp, w);
+        let mut off = 0;
+        n.iter()
+            .map(|&r| {
+                let t = Tensor::from_vec(
+                    y[off * w.out..(off + r) * w.out].to_vec(),
+                    out,
+                    &Device::Cpu,
+                )?;
+                off += r;
+                Ok(t)
+            })
+            .collect()
     }
 }
 

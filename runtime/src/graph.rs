@@ -12,6 +12,12 @@ use hexq_model::forward::{to_rows, Host};
 use hexq_model::prefix::Prefix;
 use std::collections::HashMap;
 
+/// One sequence's state for batched decoding: its KV buffers (by past_* name) and next position.
+pub struct Slot {
+    pub kv: HashMap<String, Tensor>,
+    pub pos: usize,
+}
+
 /// A generator of N embedding values (replacing the token lookup).
 pub type Noise = Box<dyn FnMut(usize) -> Vec<f32> + Send>;
 
@@ -168,6 +174,16 @@ impl GraphBackend {
     }
 
     fn host_inputs(&mut self, ids: &[u32], pad_to: usize) -> Result<HashMap<String, Tensor>> {
+        let pos = self.pos;
+        self.host_inputs_at(ids, pad_to, pos)
+    }
+
+    fn host_inputs_at(
+        &mut self,
+        ids: &[u32],
+        pad_to: usize,
+        at: usize,
+    ) -> Result<HashMap<String, Tensor>> {
         let cfg = self.host.cfg.clone();
         let mut padded = ids.to_vec();
         padded.resize(pad_to, cfg.pad_token_id);
@@ -192,7 +208,7 @@ impl GraphBackend {
         }
         // Padding positions continue the sequence (clamped to the RoPE table); their outputs are ignored.
         let pos: Vec<i64> = (0..pad_to)
-            .map(|j| ((self.pos + j).min(self.context - 1)) as i64)
+            .map(|j| ((at + j).min(self.context - 1)) as i64)
             .collect();
         m.insert("position_ids".into(), i64_tensor(pos, &[1, pad_to])?);
         Ok(m)
@@ -265,6 +281,86 @@ impl GraphBackend {
             }
         }
         Ok(out)
+    }
+
+    /// A fresh sequence state for [`GraphBackend::step_batch`]: zeroed KV buffers at position 0.
+    pub fn new_slot(&self) -> Slot {
+        let kv = self
+            .decode
+            .graph
+            .inputs
+            .iter()
+            .filter(|v| v.name.starts_with("past_"))
+            .map(|vi| {
+                let z = Tensor::zeros(vi.ty.shape.as_slice(), CD::F32, &Device::Cpu).unwrap();
+                (vi.name.clone(), z)
+            })
+            .collect();
+        Slot { kv, pos: 0 }
+    }
+
+    /// One decode step for several independent sequences at once: `ids[i]` at `slots[i]`'s position, one
+    /// batched run of the decode graph (weights read once for all; see `Interpreter::run_batch`) — each
+    /// sequence's hidden state and KV exactly what [`GraphBackend::step`] gives it alone. The hook sees every
+    /// sequence's tensors. Returns the final hidden state per sequence.
+    pub fn step_batch(&mut self, slots: &mut [&mut Slot], ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let mut hidden = vec![Vec::new(); slots.len()];
+        let mut run = Vec::new();
+        let mut ins = Vec::new();
+        for (i, (slot, &id)) in slots.iter_mut().zip(ids).enumerate() {
+            if slot.pos + 1 > self.context {
+                return Err(Error::ContextFull(format!(
+                    " position {} + 1 token exceeds --context {}",
+                    slot.pos, self.context
+                )));
+            }
+            if let Some(p) = self
+                .prefix
+                .as_ref()
+                .filter(|p| slot.pos == 0 && p.token == id)
+            {
+                for (name, heads, x) in p.entries() {
+                    if let Some(t) = slot.kv.get_mut(&name) {
+                        let mut v = t.flatten_all()?.to_vec1::<f32>()?;
+                        hexq_model::prefix::write_slot0(&mut v, heads, x);
+                        *t = Tensor::from_vec(v, t.dims(), &Device::Cpu)?;
+                    }
+                }
+                slot.pos = 1;
+                hidden[i] = p.hidden.clone();
+                continue;
+            }
+            let mut m = self.host_inputs_at(&[id], 1, slot.pos)?;
+            m.insert(
+                "cache_position".into(),
+                i64_tensor(vec![slot.pos as i64], &[1])?,
+            );
+            for (k, v) in &slot.kv {
+                m.insert(k.clone(), v.clone());
+            }
+            run.push(i);
+            ins.push(m);
+        }
+        if ins.is_empty() {
+            return Ok(hidden);
+        }
+        let mut no = NoHook;
+        let hook: &mut dyn Hook = match self.hook.as_mut() {
+            Some(h) => h.as_mut(),
+            None => &mut no,
+        };
+        let outs = self.decode.run_batch(&ins, hook)?;
+        for (i, mut out) in run.into_iter().zip(outs) {
+            let slot = &mut slots[i];
+            let names: Vec<String> = slot.kv.keys().cloned().collect();
+            for name in names {
+                let present = name.replacen("past_", "present_", 1);
+                slot.kv.insert(name, out.remove(&present).unwrap());
+            }
+            slot.pos += 1;
+            hidden[i] = out["hidden_states"].flatten_all()?.to_vec1::<f32>()?;
+        }
+        Ok(hidden)
     }
 
     pub fn logits(&self, h: &[f32]) -> Result<Vec<f32>> {

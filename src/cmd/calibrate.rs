@@ -43,6 +43,13 @@ pub struct Args {
     /// Where the forward passes run.
     #[arg(long, value_enum, default_value_t = Engine::Interp)]
     pub engine: Engine,
+    /// Interpreter, decode graphs: prompts decoded side by side, one batched graph run per step (weights
+    /// read once per batch). The ranges are the same for every batch size.
+    #[arg(long, default_value_t = 16, value_parser = super::positive)]
+    pub batch: usize,
+    /// Worker threads for the weight multiplies (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
     /// Turn the guards' refusals (raw-text records, no chat-template tokens, noise) into warnings.
     #[arg(long)]
     pub ignore_guards: bool,
@@ -92,6 +99,8 @@ impl Args {
             params: Params::Int8,
             overrides: None,
             engine: Engine::Interp,
+            batch: 16,
+            threads: 0,
             ignore_guards: false,
             force: false,
             out,
@@ -117,7 +126,9 @@ pub fn run(a: Args) -> Result<()> {
         limit: a.limit,
         ignore_guards: a.ignore_guards,
         noise: a.noise,
+        batch: a.batch,
     };
+    super::set_threads(a.threads);
     let (pe, mode) = match a.params {
         Params::Float => (None, "float".to_string()),
         Params::Int8 => {

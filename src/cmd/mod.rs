@@ -22,6 +22,15 @@ pub mod verify;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 
+/// Size rayon's pool (the weight multiplies): `n` threads, 0 = one per core. Set once per process.
+pub fn set_threads(n: usize) {
+    if n > 0 {
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global();
+    }
+}
+
 /// A count that must be at least 1 (`--context`, `--seq`, `--limit`…): 0 is refused by clap (exit 2) before
 /// it can reach a graph builder or an empty table.
 pub fn positive(s: &str) -> std::result::Result<usize, String> {
