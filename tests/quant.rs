@@ -380,6 +380,7 @@ fn encodings_match_aimet_within_one_lsb() {
         limit: Some(4),
         ignore_guards: false,
         noise: false,
+        batch: 1,
     };
     let pb = indicatif::ProgressBar::hidden();
     // AIMET's sequence: param encodings first, activations observed with the weights fake-quantized.
