@@ -99,6 +99,9 @@ fn main() {
         Cmd::Synth(a) => cmd::synth::run(a),
         Cmd::Import(a) => cmd::import::run(a),
     };
+    if let Some(p) = hexq_graph::interp::profile_report() {
+        eprintln!("interpreter time by op (HEXQ_PROFILE):\n{p}");
+    }
     if let Err(e) = res {
         // The cause chain, each cause once (typed errors already spell their source: "file: os error").
         let mut msg = e.to_string();

@@ -90,6 +90,35 @@ pub struct Interpreter {
     rows: Arc<Mutex<HashMap<String, Arc<RowWeight>>>>,
 }
 
+/// Time per op type over all runs, printed at exit when HEXQ_PROFILE is set (where a run's time goes).
+pub static PROFILE: Mutex<Option<HashMap<&'static str, (f64, u64)>>> = Mutex::new(None);
+
+fn profiling() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("HEXQ_PROFILE").is_some())
+}
+
+/// The profile as a table, slowest first.
+pub fn profile_report() -> Option<String> {
+    let p = PROFILE.lock().unwrap();
+    let m = p.as_ref()?;
+    let mut v: Vec<_> = m.iter().collect();
+    v.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+    let total: f64 = v.iter().map(|x| x.1 .0).sum();
+    let mut s = format!("| op | seconds | share | calls |\n|---|---|---|---|\n");
+    for (k, (t, n)) in v {
+        s += &format!("| {k} | {t:.2} | {:.1} % | {n} |\n", 100.0 * t / total.max(1e-12));
+    }
+    Some(s)
+}
+
+fn record(op: &'static str, t0: std::time::Instant) {
+    let mut p = PROFILE.lock().unwrap();
+    let e = p.get_or_insert_with(HashMap::new).entry(op).or_insert((0.0, 0));
+    e.0 += t0.elapsed().as_secs_f64();
+    e.1 += 1;
+}
+
 /// A value during a batched run: one tensor shared by every sequence (constants and what only they feed),
 /// or one per sequence.
 enum Val {
@@ -365,6 +394,7 @@ impl Interpreter {
         for (k, n) in g.nodes.iter().enumerate() {
             let out_ty = &g.types[&n.outputs[0]];
             let name = &n.outputs[0];
+            let t0 = std::time::Instant::now();
             let v = if let Some(w) = &self.fast[k] {
                 let w = self.row_weight(w)?;
                 match &vals[&n.inputs[0]] {
@@ -386,6 +416,10 @@ impl Interpreter {
                 }
                 Val::Per(per)
             };
+            if profiling() {
+                record(if self.fast[k].is_some() { "MatMul (weights, rowmm)" } else { n.op.onnx_name() }, t0);
+            }
+            let t0 = std::time::Instant::now();
             // The hook sees each set's tensor, as b separate runs would show it.
             let v = match v {
                 Val::One(t) => {
@@ -401,6 +435,9 @@ impl Interpreter {
                         .collect(),
                 ),
             };
+            if profiling() {
+                record("(hook)", t0);
+            }
             vals.insert(name.clone(), v);
             for f in &self.frees[k] {
                 vals.remove(f);
