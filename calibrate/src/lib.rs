@@ -123,26 +123,20 @@ impl Hook for RangeObserver {
         if t.dtype() != CD::F32 || self.skip.contains(name) {
             return None;
         }
-        let v: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;
         if self.capture.contains(name) {
+            let v: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;
             self.captured
                 .lock()
                 .unwrap()
                 .entry(name.to_string())
                 .or_default()
-                .push(v.clone());
+                .push(v);
         }
-        let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
-        for &x in &v {
-            // NaN would poison min/max silently; make it visible as an infinite range instead.
-            let x = if x.is_nan() { f32::INFINITY } else { x };
-            lo = lo.min(x);
-            hi = hi.max(x);
-        }
+        let (lo, hi) = min_max(t)?;
         let r = Range {
             min: lo,
             max: hi,
-            count: v.len() as u64,
+            count: t.elem_count() as u64,
         };
         self.ranges
             .lock()
@@ -152,6 +146,27 @@ impl Hook for RangeObserver {
             .or_insert(r);
         None
     }
+}
+
+/// Min and max of an f32 tensor, read in place when contiguous (a KV buffer is not copied to be scanned).
+/// NaN would poison min/max silently; it counts as +inf, an infinite range that is visible.
+fn min_max(t: &Tensor) -> Option<(f32, f32)> {
+    let scan = |v: &[f32]| {
+        v.iter()
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| {
+                let x = if x.is_nan() { f32::INFINITY } else { x };
+                (lo.min(x), hi.max(x))
+            })
+    };
+    let (st, layout) = t.storage_and_layout();
+    if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) =
+        (&*st, layout.contiguous_offsets())
+    {
+        return Some(scan(&v[a..b]));
+    }
+    drop(st);
+    let v: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;
+    Some(scan(&v))
 }
 
 pub struct Options {
@@ -283,6 +298,8 @@ pub fn calibrate_with(
             }
             interp.hook = Some(Box::new(obs.clone()));
             if batched {
+                // Greedy picks come from the head's own rows (decode_batched): no [V, H] f32 copy.
+                interp.host = hexq_model::forward::Host::lookups(ck.clone())?;
                 let ids: Vec<Vec<u32>> = recs
                     .iter()
                     .map(|r| prompt_ids(tok, r, o))

@@ -86,6 +86,9 @@ pub struct Interpreter {
     /// Weights consumed only by such MatMuls: never materialized as [in, out] tensors during a run (and not
     /// offered to run-time hooks: transform weights with [`Interpreter::bake`]).
     fast_only: std::collections::HashSet<String>,
+    /// Per node: a Transpose read only by MatMuls, run as a strided view (no copy of a [ctx, d] KV buffer
+    /// per step: the MatMul takes the transposed operand in place).
+    view: Vec<bool>,
     /// Row weights by initializer name, shared like `weights`.
     rows: Arc<Mutex<HashMap<String, Arc<RowWeight>>>>,
 }
@@ -107,14 +110,20 @@ pub fn profile_report() -> Option<String> {
     let total: f64 = v.iter().map(|x| x.1 .0).sum();
     let mut s = format!("| op | seconds | share | calls |\n|---|---|---|---|\n");
     for (k, (t, n)) in v {
-        s += &format!("| {k} | {t:.2} | {:.1} % | {n} |\n", 100.0 * t / total.max(1e-12));
+        s += &format!(
+            "| {k} | {t:.2} | {:.1} % | {n} |\n",
+            100.0 * t / total.max(1e-12)
+        );
     }
     Some(s)
 }
 
 fn record(op: &'static str, t0: std::time::Instant) {
     let mut p = PROFILE.lock().unwrap();
-    let e = p.get_or_insert_with(HashMap::new).entry(op).or_insert((0.0, 0));
+    let e = p
+        .get_or_insert_with(HashMap::new)
+        .entry(op)
+        .or_insert((0.0, 0));
     e.0 += t0.elapsed().as_secs_f64();
     e.1 += 1;
 }
@@ -203,12 +212,26 @@ impl Interpreter {
                     && !graph.nodes.iter().any(|n| n.inputs[0] == *name)
             })
             .collect();
+        let view = graph
+            .nodes
+            .iter()
+            .map(|n| {
+                matches!(n.op, Op::Transpose { .. })
+                    && !graph.outputs.iter().any(|o| o.name == n.outputs[0])
+                    && graph
+                        .nodes
+                        .iter()
+                        .filter(|m| m.inputs.contains(&n.outputs[0]))
+                        .all(|m| matches!(m.op, Op::MatMul))
+            })
+            .collect();
         Ok(Interpreter {
             graph,
             src,
             cache: Mutex::new(HashMap::new()),
             weights: Default::default(),
             frees,
+            view,
             fast,
             fast_only,
             rows: Default::default(),
@@ -405,6 +428,12 @@ impl Interpreter {
                         &out_ty.shape,
                     )?),
                 }
+            } else if let (true, Op::Transpose { perm }) = (self.view[k], &n.op) {
+                let v = |t: &Tensor| t.permute(perm.as_slice());
+                match &vals[&n.inputs[0]] {
+                    Val::One(x) => Val::One(v(x)?),
+                    Val::Per(xs) => Val::Per(xs.iter().map(v).collect::<candle_core::Result<_>>()?),
+                }
             } else if n.inputs.iter().all(|i| matches!(vals[i], Val::One(_))) {
                 let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(0)).collect();
                 Val::One(eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))?)
@@ -417,7 +446,14 @@ impl Interpreter {
                 Val::Per(per)
             };
             if profiling() {
-                record(if self.fast[k].is_some() { "MatMul (weights, rowmm)" } else { n.op.onnx_name() }, t0);
+                record(
+                    if self.fast[k].is_some() {
+                        "MatMul (weights, rowmm)"
+                    } else {
+                        n.op.onnx_name()
+                    },
+                    t0,
+                );
             }
             let t0 = std::time::Instant::now();
             // The hook sees each set's tensor, as b separate runs would show it.
