@@ -204,6 +204,29 @@ fn calibration_is_byte_identical_across_runs_thread_counts_and_batch_sizes() {
     }
 }
 
+/// Resumable calibration: a run stopped right after its second checkpoint (8 of 12 prompts) leaves
+/// `<out>.partial.json` and no stats; the next run continues from it and writes stats byte-identical to an
+/// uninterrupted run's, removing the partial file.
+#[test]
+fn interrupted_calibration_resumes_to_identical_stats() {
+    let t = tempfile::tempdir().unwrap();
+    let (whole, resumed) = (t.path().join("whole.json"), t.path().join("resumed.json"));
+    let args = ["--batch", "4", "--checkpoint-every", "4"];
+    ok(&calibrate(&whole, &args, &[]));
+    let o = calibrate(&resumed, &args, &[("HEXQ_TEST_INTERRUPT_AFTER", "8")]);
+    assert_eq!(o.status.code(), Some(130));
+    let partial = t.path().join("resumed.json.partial.json");
+    assert!(partial.exists() && !resumed.exists());
+    let o = calibrate(&resumed, &args, &[]);
+    ok(&o);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("8 of 12 prompts already observed"));
+    assert_eq!(
+        std::fs::read(&whole).unwrap(),
+        std::fs::read(&resumed).unwrap()
+    );
+    assert!(!partial.exists());
+}
+
 #[test]
 fn guards_refuse_raw_text_noise_and_mask_constants() {
     let t = tempfile::tempdir().unwrap();
@@ -381,6 +404,8 @@ fn encodings_match_aimet_within_one_lsb() {
         ignore_guards: false,
         noise: false,
         batch: 1,
+        checkpoint: None,
+        checkpoint_every: 1,
     };
     let pb = indicatif::ProgressBar::hidden();
     // AIMET's sequence: param encodings first, activations observed with the weights fake-quantized.

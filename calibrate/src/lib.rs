@@ -183,6 +183,20 @@ pub struct Options {
     /// Decode-graph calibration on the interpreter: prompts decoded side by side, one batched graph run
     /// per step (see [`decode_batched`]); the ranges do not depend on it.
     pub batch: usize,
+    /// Resumable progress (batched decode calibration): every `checkpoint_every` prompts the stats so far
+    /// are written here; a run that finds a file with its own settings continues from it.
+    pub checkpoint: Option<std::path::PathBuf>,
+    pub checkpoint_every: usize,
+}
+
+/// What a checkpoint holds: the settings it belongs to, how many prompts (in dataset order) are in it, and
+/// the merged ranges, token count and template ids seen so far.
+#[derive(Serialize, Deserialize)]
+struct Partial {
+    key: serde_json::Value,
+    prompts_done: usize,
+    tokens: u64,
+    tensors: BTreeMap<String, Range>,
 }
 
 /// What the weights were during calibration: "float", or the param scheme they were fake-quantized with
@@ -307,7 +321,58 @@ pub fn calibrate_with(
                 for p in &ids {
                     seen.extend(p.iter().copied().filter(|i| TEMPLATE_IDS.contains(i)));
                 }
-                tokens = decode_batched(&ck, &mut interp, &ids, o, pb)?;
+                let key = serde_json::json!({"model_sha256": model_hash(&ck)?, "graph_sha256": graph_sha,
+                    "dataset_sha256": hexq_fsutil::sha256_file(dataset)?, "prompts": ids.len(),
+                    "decode_tokens": o.decode_tokens, "context": o.graph.context, "variant": o.variant.name(),
+                    "params": mode});
+                let mut start = 0;
+                if let Some(cp) = &o.checkpoint {
+                    let prev: Option<Partial> = std::fs::read(cp)
+                        .ok()
+                        .and_then(|b| serde_json::from_slice(&b).ok());
+                    match prev {
+                        Some(p) if p.key == key => {
+                            eprintln!(
+                                "resuming from {}: {} of {} prompts already observed",
+                                cp.display(),
+                                p.prompts_done,
+                                ids.len()
+                            );
+                            start = p.prompts_done;
+                            tokens = p.tokens;
+                            *obs.ranges.lock().unwrap() = p.tensors;
+                            pb.inc(start as u64);
+                        }
+                        Some(_) => {
+                            eprintln!("{}: from other settings; starting over", cp.display())
+                        }
+                        None => {}
+                    }
+                }
+                let ranges = obs.ranges.clone();
+                let base = tokens;
+                let mut save = |done: usize, toks: u64| -> Result<()> {
+                    let Some(cp) = &o.checkpoint else {
+                        return Ok(());
+                    };
+                    let p = Partial {
+                        key: key.clone(),
+                        prompts_done: done,
+                        tokens: base + toks,
+                        tensors: ranges.lock().unwrap().clone(),
+                    };
+                    hexq_fsutil::write_atomic(
+                        cp,
+                        &serde_json::to_vec(&p).map_err(|e| Error::file(cp, e.to_string()))?,
+                    )?;
+                    if std::env::var("HEXQ_TEST_INTERRUPT_AFTER")
+                        .is_ok_and(|n| n.parse() == Ok(done))
+                    {
+                        std::process::exit(130); // tests: an interruption right after this checkpoint
+                    }
+                    Ok(())
+                };
+                tokens += decode_batched(&ck, &mut interp, &ids, start, o, pb, &mut save)?;
             }
             &mut interp
         }
@@ -425,12 +490,17 @@ struct Job {
 /// another order (min/max/count merge order-free; `GraphBackend::step_batch` is exact per sequence). The
 /// greedy choice uses the head's rows through the same batch-invariant kernel, so it does not depend on the
 /// batch either. Returns the tokens observed.
+///
+/// Resumable: from prompt `start`; every `o.checkpoint_every` prompts the batch drains (no prompt half
+/// observed) and `save(prompts done, tokens)` records the state.
 pub fn decode_batched(
     ck: &Arc<Checkpoint>,
     b: &mut GraphBackend,
     prompts: &[Vec<u32>],
+    start: usize,
     o: &Options,
     pb: &indicatif::ProgressBar,
+    save: &mut dyn FnMut(usize, u64) -> Result<()>,
 ) -> Result<u64> {
     use hexq_graph::interp::WeightSource;
     let cfg = &ck.config;
@@ -440,12 +510,23 @@ pub fn decode_batched(
         hexq_model::names::LM_HEAD
     })?;
     let cap = cfg.final_logit_softcapping;
-    let mut next = prompts.iter();
+    let mut next = start;
     let mut jobs: Vec<Job> = Vec::new();
     let (mut tokens, t0) = (0u64, std::time::Instant::now());
+    let every = if o.checkpoint.is_some() {
+        o.checkpoint_every.max(1)
+    } else {
+        usize::MAX
+    };
+    let mut drain_at = (start / every + 1).saturating_mul(every).min(prompts.len());
     loop {
-        while jobs.len() < o.batch.max(1) {
-            let Some(p) = next.next() else { break };
+        if jobs.is_empty() && next == drain_at && next < prompts.len() {
+            save(next, tokens)?;
+            drain_at = (drain_at + every).min(prompts.len());
+        }
+        while jobs.len() < o.batch.max(1) && next < drain_at.min(prompts.len()) {
+            let p = &prompts[next];
+            next += 1;
             tokens += p.len() as u64;
             jobs.push(Job {
                 ids: p.clone(),
@@ -520,7 +601,13 @@ pub fn decode_batched(
             pb.inc(1);
         }
         let s = t0.elapsed().as_secs_f64();
-        pb.set_message(format!("{:.1} tok/s", tokens as f64 / s.max(1e-9)));
+        pb.set_message(format!(
+            "calibrate, {:.1} tok/s",
+            tokens as f64 / s.max(1e-9)
+        ));
+        if jobs.is_empty() && next >= prompts.len() {
+            break;
+        }
     }
     Ok(tokens)
 }

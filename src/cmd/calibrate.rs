@@ -47,6 +47,10 @@ pub struct Args {
     /// read once per batch). The ranges are the same for every batch size.
     #[arg(long, default_value_t = 16, value_parser = super::positive)]
     pub batch: usize,
+    /// Batched decode calibration: every N prompts the stats so far go to `<out>.partial.json`; a run that
+    /// finds that file (same model, graph, dataset and settings) continues from it. Removed at the end.
+    #[arg(long, default_value_t = 64, value_parser = super::positive)]
+    pub checkpoint_every: usize,
     /// Worker threads for the weight multiplies (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -100,6 +104,7 @@ impl Args {
             overrides: None,
             engine: Engine::Interp,
             batch: 16,
+            checkpoint_every: 64,
             threads: 0,
             ignore_guards: false,
             force: false,
@@ -127,6 +132,8 @@ pub fn run(a: Args) -> Result<()> {
         ignore_guards: a.ignore_guards,
         noise: a.noise,
         batch: a.batch,
+        checkpoint: Some(partial_path(&a.out)),
+        checkpoint_every: a.checkpoint_every,
     };
     super::set_threads(a.threads);
     let (pe, mode) = match a.params {
@@ -176,6 +183,7 @@ pub fn run(a: Args) -> Result<()> {
     )?;
     pb.finish_and_clear();
     write_json(&a.out, &st)?;
+    let _ = std::fs::remove_file(partial_path(&a.out));
     eprintln!(
         "{}: {} tensors from {} prompts ({} tokens observed, variant {})",
         a.out.display(),
@@ -185,6 +193,13 @@ pub fn run(a: Args) -> Result<()> {
         st.variant
     );
     Ok(())
+}
+
+/// Where a calibration's resumable progress lives: `<out>.partial.json` beside the stats.
+fn partial_path(out: &std::path::Path) -> PathBuf {
+    let mut s = out.as_os_str().to_owned();
+    s.push(".partial.json");
+    PathBuf::from(s)
 }
 
 /// onnxruntime on a scratch export of the variant in `dir`: calibration params baked into f32 weights,
