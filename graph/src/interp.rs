@@ -357,10 +357,7 @@ impl Interpreter {
         inputs: &HashMap<String, Tensor>,
         hook: &mut dyn Hook,
     ) -> Result<HashMap<String, Tensor>> {
-        Ok(self
-            .run_batch(std::slice::from_ref(inputs), hook)?
-            .pop()
-            .unwrap())
+        Ok(self.run_batch(vec![inputs.clone()], hook)?.pop().unwrap())
     }
 
     /// Run the graph for several independent input sets at once: every weight MatMul multiplies all of their
@@ -368,10 +365,12 @@ impl Interpreter {
     /// set's outputs — and every tensor the hook sees, once per set — are bit for bit what [`run`] gives it
     /// alone.
     ///
+    /// The inputs are taken by value so a large one (a KV buffer) is freed after its last use in the graph.
+    ///
     /// [`run`]: Interpreter::run
     pub fn run_batch(
         &self,
-        inputs: &[HashMap<String, Tensor>],
+        mut inputs: Vec<HashMap<String, Tensor>>,
         hook: &mut dyn Hook,
     ) -> Result<Vec<HashMap<String, Tensor>>> {
         let g = &self.graph;
@@ -379,8 +378,8 @@ impl Interpreter {
         let mut vals: HashMap<String, Val> = HashMap::new();
         for vi in &g.inputs {
             let mut per = Vec::with_capacity(b);
-            for inp in inputs {
-                let t = inp.get(&vi.name).ok_or_else(|| Error::Graph {
+            for inp in inputs.iter_mut() {
+                let t = inp.remove(&vi.name).ok_or_else(|| Error::Graph {
                     graph: g.name.clone(),
                     msg: format!("missing input {:?}", vi.name),
                 })?;

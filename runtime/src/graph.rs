@@ -335,9 +335,8 @@ impl GraphBackend {
                 "cache_position".into(),
                 i64_tensor(vec![slot.pos as i64], &[1])?,
             );
-            for (k, v) in &slot.kv {
-                m.insert(k.clone(), v.clone());
-            }
+            // Moved, not shared: the interpreter frees each buffer after its last use.
+            m.extend(slot.kv.drain());
             run.push(i);
             ins.push(m);
         }
@@ -349,13 +348,20 @@ impl GraphBackend {
             Some(h) => h.as_mut(),
             None => &mut no,
         };
-        let outs = self.decode.run_batch(&ins, hook)?;
+        let names: Vec<String> = self
+            .decode
+            .graph
+            .inputs
+            .iter()
+            .filter(|v| v.name.starts_with("past_"))
+            .map(|v| v.name.clone())
+            .collect();
+        let outs = self.decode.run_batch(ins, hook)?;
         for (i, mut out) in run.into_iter().zip(outs) {
             let slot = &mut slots[i];
-            let names: Vec<String> = slot.kv.keys().cloned().collect();
-            for name in names {
+            for name in &names {
                 let present = name.replacen("past_", "present_", 1);
-                slot.kv.insert(name, out.remove(&present).unwrap());
+                slot.kv.insert(name.clone(), out.remove(&present).unwrap());
             }
             slot.pos += 1;
             hidden[i] = out["hidden_states"].flatten_all()?.to_vec1::<f32>()?;
