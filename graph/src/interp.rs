@@ -56,6 +56,8 @@ impl WeightSource for Checkpoint {
         } else {
             Rows::F32(self.f32(name)?)
         };
+        // The copy is what runs read: drop the mapped pages, so the weight is not resident twice.
+        self.store.release(info);
         Ok(RowWeight { out, inp, rows })
     }
 }
@@ -437,11 +439,15 @@ impl Interpreter {
                 let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(0)).collect();
                 Val::One(eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))?)
             } else {
-                let mut per = Vec::with_capacity(b);
-                for s in 0..b {
-                    let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(s)).collect();
-                    per.push(eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))?);
-                }
+                // The sequences' ops are independent: one per core.
+                use rayon::prelude::*;
+                let per: Vec<Tensor> = (0..b)
+                    .into_par_iter()
+                    .map(|s| {
+                        let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(s)).collect();
+                        eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))
+                    })
+                    .collect::<Result<_>>()?;
                 Val::Per(per)
             };
             if profiling() {
