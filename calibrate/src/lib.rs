@@ -119,6 +119,32 @@ pub struct RangeObserver {
 }
 
 impl Hook for RangeObserver {
+    /// A batch's tensors scanned in parallel, merged once (min/max/count merge order-free: the same ranges).
+    fn tensors(&mut self, name: &str, ts: &[Tensor]) -> Vec<Option<Tensor>> {
+        use rayon::prelude::*;
+        if ts.len() < 2 || self.skip.contains(name) || !self.capture.is_empty() {
+            return ts.iter().map(|t| self.tensor(name, t)).collect();
+        }
+        let rs: Vec<Range> = ts
+            .par_iter()
+            .filter(|t| t.dtype() == CD::F32)
+            .filter_map(|t| {
+                min_max(t).map(|(min, max)| Range {
+                    min,
+                    max,
+                    count: t.elem_count() as u64,
+                })
+            })
+            .collect();
+        let mut m = self.ranges.lock().unwrap();
+        for r in rs {
+            m.entry(name.to_string())
+                .and_modify(|e| e.merge(&r))
+                .or_insert(r);
+        }
+        vec![None; ts.len()]
+    }
+
     fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
         if t.dtype() != CD::F32 || self.skip.contains(name) {
             return None;

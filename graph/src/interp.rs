@@ -67,6 +67,11 @@ pub trait Hook {
     fn tensor(&mut self, _name: &str, _t: &Tensor) -> Option<Tensor> {
         None
     }
+    /// One tensor per sequence of a batched run (see [`Interpreter::run_batch`]); by default [`Hook::tensor`]
+    /// on each in order. A hook that only observes may look at them in parallel.
+    fn tensors(&mut self, name: &str, ts: &[Tensor]) -> Vec<Option<Tensor>> {
+        ts.iter().map(|t| self.tensor(name, t)).collect()
+    }
 }
 
 pub struct NoHook;
@@ -470,11 +475,10 @@ impl Interpreter {
                     }
                     Val::One(r.unwrap_or(t))
                 }
-                Val::Per(ts) => Val::Per(
-                    ts.into_iter()
-                        .map(|t| hook.tensor(name, &t).unwrap_or(t))
-                        .collect(),
-                ),
+                Val::Per(ts) => {
+                    let r = hook.tensors(name, &ts);
+                    Val::Per(ts.into_iter().zip(r).map(|(t, r)| r.unwrap_or(t)).collect())
+                }
             };
             if profiling() {
                 record("(hook)", t0);
