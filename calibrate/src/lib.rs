@@ -122,7 +122,12 @@ impl Hook for RangeObserver {
     /// A batch's tensors scanned in parallel, merged once (min/max/count merge order-free: the same ranges).
     fn tensors(&mut self, name: &str, ts: &[Tensor]) -> Vec<Option<Tensor>> {
         use rayon::prelude::*;
-        if ts.len() < 2 || self.skip.contains(name) || !self.capture.is_empty() {
+        let work: usize = ts.iter().map(|t| t.elem_count()).sum();
+        if ts.len() < 2
+            || work < hexq_graph::interp::PAR_MIN
+            || self.skip.contains(name)
+            || !self.capture.is_empty()
+        {
             return ts.iter().map(|t| self.tensor(name, t)).collect();
         }
         let rs: Vec<Range> = ts

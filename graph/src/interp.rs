@@ -135,6 +135,9 @@ fn record(op: &'static str, t0: std::time::Instant) {
     e.1 += 1;
 }
 
+/// Elements below which a batch's per-sequence work stays on one thread.
+pub const PAR_MIN: usize = 1 << 16;
+
 /// A value during a batched run: one tensor shared by every sequence (constants and what only they feed),
 /// or one per sequence.
 enum Val {
@@ -444,15 +447,19 @@ impl Interpreter {
                 let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(0)).collect();
                 Val::One(eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))?)
             } else {
-                // The sequences' ops are independent: one per core.
+                // The sequences' ops are independent: one per core when there is enough work to share (small
+                // tensors cost less than the hand-off).
                 use rayon::prelude::*;
-                let per: Vec<Tensor> = (0..b)
-                    .into_par_iter()
-                    .map(|s| {
-                        let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(s)).collect();
-                        eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))
-                    })
-                    .collect::<Result<_>>()?;
+                let one = |s: usize| {
+                    let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(s)).collect();
+                    eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))
+                };
+                let work = out_ty.shape.iter().product::<usize>() * b;
+                let per: Vec<Tensor> = if b > 1 && work >= PAR_MIN {
+                    (0..b).into_par_iter().map(one).collect::<Result<_>>()?
+                } else {
+                    (0..b).map(one).collect::<Result<_>>()?
+                };
                 Val::Per(per)
             };
             if profiling() {
