@@ -406,6 +406,7 @@ fn encodings_match_aimet_within_one_lsb() {
         batch: 1,
         checkpoint: None,
         checkpoint_every: 1,
+        tokens_out: None,
     };
     let pb = indicatif::ProgressBar::hidden();
     // AIMET's sequence: param encodings first, activations observed with the weights fake-quantized.

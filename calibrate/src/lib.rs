@@ -218,6 +218,9 @@ pub struct Options {
     /// are written here; a run that finds a file with its own settings continues from it.
     pub checkpoint: Option<std::path::PathBuf>,
     pub checkpoint_every: usize,
+    /// Write the id sequences the decode loops fed (prompt + generated), one array per prompt (batched
+    /// decode calibration; a resumed run writes the prompts it ran).
+    pub tokens_out: Option<std::path::PathBuf>,
 }
 
 /// What a checkpoint holds: the settings it belongs to, how many prompts (in dataset order) are in it, and
@@ -403,7 +406,17 @@ pub fn calibrate_with(
                     }
                     Ok(())
                 };
-                tokens += decode_batched(&ck, &mut interp, &ids, start, o, pb, &mut save)?;
+                let mut seqs = vec![Vec::new(); ids.len()];
+                let want = o.tokens_out.is_some().then_some(&mut seqs);
+                tokens += decode_batched(&ck, &mut interp, &ids, start, o, pb, &mut save, want)?;
+                if let Some(p) = &o.tokens_out {
+                    // The exact sequences observed (prompt + greedy ids), for judges that replay them.
+                    hexq_fsutil::write_atomic(
+                        p,
+                        &serde_json::to_vec(&seqs[start..])
+                            .map_err(|e| Error::file(p, e.to_string()))?,
+                    )?;
+                }
             }
             &mut interp
         }
@@ -508,7 +521,10 @@ fn prompt_ids(tok: &Tokenizer, r: &Record, o: &Options) -> Result<Vec<u32>> {
 
 /// One prompt in flight: its ids, how far it is, the tokens it generated, its last hidden state and KV.
 struct Job {
+    index: usize,
     ids: Vec<u32>,
+    /// Every id fed so far (the prompt's, then the generated ones).
+    fed: Vec<u32>,
     cur: usize,
     generated: usize,
     h: Vec<f32>,
@@ -524,6 +540,7 @@ struct Job {
 ///
 /// Resumable: from prompt `start`; every `o.checkpoint_every` prompts the batch drains (no prompt half
 /// observed) and `save(prompts done, tokens)` records the state.
+#[allow(clippy::too_many_arguments)]
 pub fn decode_batched(
     ck: &Arc<Checkpoint>,
     b: &mut GraphBackend,
@@ -532,6 +549,7 @@ pub fn decode_batched(
     o: &Options,
     pb: &indicatif::ProgressBar,
     save: &mut dyn FnMut(usize, u64) -> Result<()>,
+    mut seqs: Option<&mut Vec<Vec<u32>>>,
 ) -> Result<u64> {
     use hexq_graph::interp::WeightSource;
     let cfg = &ck.config;
@@ -560,7 +578,9 @@ pub fn decode_batched(
             next += 1;
             tokens += p.len() as u64;
             jobs.push(Job {
+                index: next - 1,
                 ids: p.clone(),
+                fed: Vec::new(),
                 cur: 0,
                 generated: 0,
                 h: vec![],
@@ -611,6 +631,11 @@ pub fn decode_batched(
             break;
         }
         if !step.is_empty() {
+            for &(j, t) in &step {
+                if seqs.is_some() {
+                    jobs[j].fed.push(t);
+                }
+            }
             let (idx, ids): (Vec<usize>, Vec<u32>) = step.iter().copied().unzip();
             let mut slots: Vec<&mut hexq_runtime::graph::Slot> = Vec::new();
             let mut it = jobs.iter_mut().enumerate();
@@ -628,7 +653,10 @@ pub fn decode_batched(
             }
         }
         for &j in finished.iter().rev() {
-            jobs.remove(j);
+            let job = jobs.remove(j);
+            if let Some(out) = seqs.as_mut() {
+                out[job.index] = job.fed;
+            }
             pb.inc(1);
         }
         let s = t0.elapsed().as_secs_f64();

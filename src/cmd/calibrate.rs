@@ -51,6 +51,10 @@ pub struct Args {
     /// finds that file (same model, graph, dataset and settings) continues from it. Removed at the end.
     #[arg(long, default_value_t = 64, value_parser = super::positive)]
     pub checkpoint_every: usize,
+    /// Also write the id sequences the decode loops fed (prompt + generated), one JSON array per prompt — what a
+    /// judge replays to calibrate on exactly the same tokens (scripts/bench_calibrate.sh).
+    #[arg(long)]
+    pub tokens_out: Option<PathBuf>,
     /// Worker threads for the weight multiplies (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -105,6 +109,7 @@ impl Args {
             engine: Engine::Interp,
             batch: 16,
             checkpoint_every: 64,
+            tokens_out: None,
             threads: 0,
             ignore_guards: false,
             force: false,
@@ -134,6 +139,7 @@ pub fn run(a: Args) -> Result<()> {
         batch: a.batch,
         checkpoint: Some(partial_path(&a.out)),
         checkpoint_every: a.checkpoint_every,
+        tokens_out: a.tokens_out.clone(),
     };
     super::set_threads(a.threads);
     let (pe, mode) = match a.params {
