@@ -23,7 +23,7 @@ t "$work/hexq.time" "$H" calibrate --model "$M" --limit "$N" --context "$C" --ba
   --tokens-out "$work/tokens.json" --out "$work/stats.json"
 "$H" quantize --model "$M" --stats "$work/stats.json" --out "$work/enc.json" 2> /dev/null
 echo "== float export for aimet-onnx" >&2
-t "$work/export.time" "$H" export --model "$M" --variant decode_wgqa --context "$C" --out "$work/exp" 2> /dev/null
+t "$work/export.time" "$H" export --model "$M" --variant decode_wgqa --context "$C" --out "$work/exp" > /dev/null 2>&1
 echo "== aimet-onnx compute_encodings (same sequences)" >&2
 t "$work/aimet.time" python3 tests/judges/aimet_graph.py "$work/exp" "$work/enc.json" "$work/tokens.json" "$work/aimet.json"
 echo "== transformers float forward (same sequences)" >&2
