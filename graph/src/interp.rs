@@ -72,6 +72,12 @@ pub trait Hook {
     fn tensors(&mut self, name: &str, ts: &[Tensor]) -> Vec<Option<Tensor>> {
         ts.iter().map(|t| self.tensor(name, t)).collect()
     }
+    /// A MatMul weight as its `[out, in]` rows, when [`Interpreter::bake`] transforms it: the replacement
+    /// rows, or None to be offered the `[in, out]` tensor through [`Hook::tensor`] instead. (Lets a
+    /// quantizer keep integers rather than an f32 copy.)
+    fn weight_rows(&mut self, _name: &str, _w: &RowWeight) -> Option<RowWeight> {
+        None
+    }
 }
 
 pub struct NoHook;
@@ -345,6 +351,19 @@ impl Interpreter {
             let is_weight = matches!(init.source, InitSource::Weight { .. });
             if is_weight && !weights {
                 continue;
+            }
+            if let (true, InitSource::Weight { tensor, .. }) =
+                (self.fast_only.contains(&init.name), &init.source)
+            {
+                let src = self.src.rows(tensor)?;
+                if let Some(r) = hook.weight_rows(&init.name, &src) {
+                    self.weights.lock().unwrap().remove(&init.name);
+                    self.rows
+                        .lock()
+                        .unwrap()
+                        .insert(init.name.clone(), Arc::new(r));
+                    continue;
+                }
             }
             let t = self.init_value(&init.name)?;
             if let Some(r) = hook.tensor(&init.name, &t) {

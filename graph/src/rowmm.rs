@@ -18,6 +18,12 @@ use rayon::prelude::*;
 pub enum Rows {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
+    /// Fake-quantized rows kept as their integers: row `j`'s value is `q as f32 · scale[j]` — bit for bit
+    /// the f32 quantize→dequantize value (`(q_u − zp)` is an exact integer), in 2 bytes instead of 4.
+    Q16 {
+        q: Vec<i16>,
+        scale: Vec<f32>,
+    },
 }
 
 pub struct RowWeight {
@@ -157,6 +163,15 @@ fn run_block(
             v[j0 * inp..(j0 + ncol) * inp]
                 .iter()
                 .map(|&b| f32::from_bits((b as u32) << 16))
+                .collect(),
+        ),
+        Rows::Q16 { q, scale } => std::borrow::Cow::Owned(
+            (j0..j0 + ncol)
+                .flat_map(|j| {
+                    q[j * inp..(j + 1) * inp]
+                        .iter()
+                        .map(move |&v| v as f32 * scale[j])
+                })
                 .collect(),
         ),
     };

@@ -63,6 +63,45 @@ impl FakeQuant {
 }
 
 impl Hook for FakeQuant {
+    /// Per-channel (or per-tensor) params of ≤ 8 bits on a MatMul weight's rows, kept as integers: row j is
+    /// `(q − zp) · scale_j`, which is exactly [`crate::Encoding::fake_param`]'s f32 value.
+    fn weight_rows(
+        &mut self,
+        name: &str,
+        w: &hexq_graph::rowmm::RowWeight,
+    ) -> Option<hexq_graph::rowmm::RowWeight> {
+        use hexq_graph::rowmm::{RowWeight, Rows};
+        let e = self.enc.get(name)?;
+        if !self.params || self.lpbq.contains_key(name) || !(e.len() == w.out || e.len() == 1) {
+            return None;
+        }
+        if e.iter().any(|x| x.bitwidth > 8) {
+            return None;
+        }
+        let (mut q, mut scale) = (Vec::with_capacity(w.out * w.inp), Vec::with_capacity(w.out));
+        let mut row = vec![0f32; w.inp];
+        for j in 0..w.out {
+            match &w.rows {
+                Rows::F32(v) => row.copy_from_slice(&v[j * w.inp..(j + 1) * w.inp]),
+                Rows::Bf16(v) => {
+                    for (d, &b) in row.iter_mut().zip(&v[j * w.inp..(j + 1) * w.inp]) {
+                        *d = f32::from_bits((b as u32) << 16);
+                    }
+                }
+                Rows::Q16 { .. } => return None,
+            }
+            let en = &e[if e.len() == 1 { 0 } else { j }];
+            let zp = -en.offset;
+            q.extend(row.iter().map(|&x| (en.quantize_param(x) - zp) as i16));
+            scale.push(en.scale as f32);
+        }
+        Some(RowWeight {
+            out: w.out,
+            inp: w.inp,
+            rows: Rows::Q16 { q, scale },
+        })
+    }
+
     fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
         if let Some(l) = self.lpbq.get(name) {
             // [in, out] view of an [out, in] weight: quantize the rows, transpose back.
