@@ -165,15 +165,17 @@ fn run_block(
                 .map(|&b| f32::from_bits((b as u32) << 16))
                 .collect(),
         ),
-        Rows::Q16 { q, scale } => std::borrow::Cow::Owned(
-            (j0..j0 + ncol)
-                .flat_map(|j| {
-                    q[j * inp..(j + 1) * inp]
-                        .iter()
-                        .map(move |&v| v as f32 * scale[j])
-                })
-                .collect(),
-        ),
+        Rows::Q16 { q, scale } => {
+            // Row by row, a plain loop the compiler vectorizes.
+            let mut w = vec![0f32; ncol * inp];
+            for (c, dst) in w.chunks_exact_mut(inp).enumerate() {
+                let (src, sc) = (&q[(j0 + c) * inp..(j0 + c + 1) * inp], scale[j0 + c]);
+                for (d, &v) in dst.iter_mut().zip(src) {
+                    *d = v as f32 * sc;
+                }
+            }
+            std::borrow::Cow::Owned(w)
+        }
     };
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx512f") {
@@ -250,6 +252,23 @@ mod tests {
             rows: Rows::F32(widened.clone()),
         };
         let batch = matmul(&x, rows, &w16);
+        // Integer rows: q·scale_j widened exactly as f32 rows holding those values.
+        let q: Vec<i16> = (0..out * inp)
+            .map(|i| (i as i64 * 7919 % 255 - 127) as i16)
+            .collect();
+        let sc: Vec<f32> = (0..out).map(|j| 0.001 * (j + 1) as f32).collect();
+        let qf: Vec<f32> = (0..out * inp).map(|i| q[i] as f32 * sc[i / inp]).collect();
+        let wq = RowWeight {
+            out,
+            inp,
+            rows: Rows::Q16 { q, scale: sc },
+        };
+        let wqf = RowWeight {
+            out,
+            inp,
+            rows: Rows::F32(qf),
+        };
+        assert_eq!(matmul(&x, rows, &wq), matmul(&x, rows, &wqf));
         let mut reference = vec![0f32; rows * out];
         block_ref(&x, rows, inp, &widened, out, &mut reference);
         assert!(
