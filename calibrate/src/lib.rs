@@ -182,22 +182,62 @@ impl Hook for RangeObserver {
 /// Min and max of an f32 tensor, read in place when contiguous (a KV buffer is not copied to be scanned).
 /// NaN would poison min/max silently; it counts as +inf, an infinite range that is visible.
 fn min_max(t: &Tensor) -> Option<(f32, f32)> {
-    let scan = |v: &[f32]| {
-        v.iter()
-            .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| {
-                let x = if x.is_nan() { f32::INFINITY } else { x };
-                (lo.min(x), hi.max(x))
-            })
-    };
-    let (st, layout) = t.storage_and_layout();
-    if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) =
-        (&*st, layout.contiguous_offsets())
     {
-        return Some(scan(&v[a..b]));
+        // A permuted view of a dense block (the transposed KV ring a score MatMul reads) holds the same
+        // values as the block: min/max are order-free, so scan the block instead of copying the view.
+        let (st, layout) = t.storage_and_layout();
+        if let candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)) = &*st {
+            let mut ds: Vec<(usize, usize)> = layout
+                .stride()
+                .iter()
+                .copied()
+                .zip(layout.dims().iter().copied())
+                .filter(|&(_, d)| d > 1)
+                .collect();
+            ds.sort_by(|a, b| b.0.cmp(&a.0));
+            let mut want = 1;
+            let dense = ds.iter().rev().all(|&(s, d)| {
+                let ok = s == want;
+                want *= d;
+                ok
+            });
+            let (a, n) = (layout.start_offset(), t.elem_count());
+            if dense && a + n <= v.len() {
+                return Some(min_max_of(&v[a..a + n]));
+            }
+        }
     }
-    drop(st);
-    let v: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;
-    Some(scan(&v))
+    hexq_graph::interp::with_f32(t, min_max_of).ok()
+}
+
+/// [`min_max`] over a slice, 16 lanes at a time (compare-and-select vectorizes; `f32::min` does not).
+/// Exact: min and max do not round, so lanes and order give the same answer as a sequential fold.
+pub fn min_max_of(v: &[f32]) -> (f32, f32) {
+    const L: usize = 16;
+    let (mut lo, mut hi, mut nan) = ([f32::INFINITY; L], [f32::NEG_INFINITY; L], [false; L]);
+    let mut chunks = v.chunks_exact(L);
+    for c in chunks.by_ref() {
+        for k in 0..L {
+            let x = c[k];
+            lo[k] = if x < lo[k] { x } else { lo[k] };
+            hi[k] = if x > hi[k] { x } else { hi[k] };
+            nan[k] |= x.is_nan();
+        }
+    }
+    let (mut l, mut h, mut n) = (f32::INFINITY, f32::NEG_INFINITY, nan.contains(&true));
+    for &x in chunks.remainder() {
+        n |= x.is_nan();
+        l = if x < l { x } else { l };
+        h = if x > h { x } else { h };
+    }
+    for k in 0..L {
+        l = l.min(lo[k]);
+        h = h.max(hi[k]);
+    }
+    if n {
+        h = f32::INFINITY;
+    }
+    (l, h)
 }
 
 pub struct Options {
@@ -669,4 +709,36 @@ pub fn decode_batched(
         }
     }
     Ok(tokens)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::min_max_of;
+
+    /// The 16-lane scan equals a sequential fold (NaN as +inf) on every length and with NaN anywhere.
+    #[test]
+    fn lane_min_max_equals_a_fold() {
+        let fold = |v: &[f32]| {
+            v.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &x| {
+                let x = if x.is_nan() { f32::INFINITY } else { x };
+                (l.min(x), h.max(x))
+            })
+        };
+        let mut s = 0x9e3779b97f4a7c15u64;
+        for n in [0usize, 1, 15, 16, 17, 100, 1023] {
+            for nan_at in [None, Some(0), Some(n / 2)] {
+                let mut v: Vec<f32> = (0..n)
+                    .map(|_| {
+                        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        ((s >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 1e4
+                    })
+                    .collect();
+                if let Some(k) = nan_at.filter(|&k| k < n) {
+                    v[k] = f32::NAN;
+                }
+                assert_eq!(min_max_of(&v), fold(&v), "n={n} nan={nan_at:?}");
+            }
+        }
+        assert_eq!(min_max_of(&[f32::NAN; 20]), (f32::INFINITY, f32::INFINITY));
+    }
 }

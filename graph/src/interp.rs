@@ -107,7 +107,7 @@ pub struct Interpreter {
 }
 
 /// Time per op type over all runs, printed at exit when HEXQ_PROFILE is set (where a run's time goes).
-pub static PROFILE: Mutex<Option<HashMap<&'static str, (f64, u64)>>> = Mutex::new(None);
+pub static PROFILE: Mutex<Option<HashMap<String, (f64, u64)>>> = Mutex::new(None);
 
 fn profiling() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -131,11 +131,11 @@ pub fn profile_report() -> Option<String> {
     Some(s)
 }
 
-fn record(op: &'static str, t0: std::time::Instant) {
+fn record(op: &str, t0: std::time::Instant) {
     let mut p = PROFILE.lock().unwrap();
     let e = p
         .get_or_insert_with(HashMap::new)
-        .entry(op)
+        .entry(op.to_string())
         .or_insert((0.0, 0));
     e.0 += t0.elapsed().as_secs_f64();
     e.1 += 1;
@@ -507,7 +507,7 @@ impl Interpreter {
                 }
             };
             if profiling() {
-                record("(hook)", t0);
+                record(&format!("(hook) {}", n.op.onnx_name()), t0);
             }
             vals.insert(name.clone(), v);
             for f in &self.frees[k] {
@@ -615,6 +615,9 @@ fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
         Op::Gather { axis: a } => gather(x[0], x[1], axis(*a, x[0].rank()), out)?,
         Op::ScatterND => scatter_nd(x[0], x[1], x[2])?,
         Op::Where => {
+            if let Some(t) = where_slabs(x[0], x[1], x[2], out) {
+                return t;
+            }
             let c = bshape(x[0], out)?;
             c.where_cond(&bshape(x[1], out)?, &bshape(x[2], out)?)?
         }
@@ -628,6 +631,61 @@ fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
         },
         Op::Expand { .. } => x[0].broadcast_as(out)?.contiguous()?,
     })
+}
+
+/// `Where` whose condition varies along one axis only (the ring write: `entry == slot` over the buffer
+/// length) as slab copies: each slab along that axis comes whole from `x` or `y`, an operand of extent 1 on
+/// that axis giving the same slab every time. The same values as the general broadcast select, at memcpy
+/// speed (the general path indexes every element through broadcast strides). None when the pattern differs.
+fn where_slabs(c: &Tensor, x: &Tensor, y: &Tensor, out: &[usize]) -> Option<candle_core::Result<Tensor>> {
+    let r = out.len();
+    if c.rank() > r || x.rank() != r || y.rank() != r || x.dtype() != CD::F32 || y.dtype() != CD::F32 {
+        return None;
+    }
+    let cd: Vec<usize> = std::iter::repeat(1).take(r - c.rank()).chain(c.dims().iter().copied()).collect();
+    let a = cd.iter().position(|&d| d > 1)?;
+    if cd[a] != out[a] || cd.iter().enumerate().any(|(k, &d)| k != a && d != 1) {
+        return None;
+    }
+    let fits = |t: &Tensor| {
+        t.dims().iter().zip(out).enumerate().all(|(k, (&d, &o))| d == o || (k == a && d == 1))
+    };
+    if !fits(x) || !fits(y) {
+        return None;
+    }
+    let cond: Vec<u8> = match c.flatten_all().and_then(|t| t.to_dtype(CD::U8)).and_then(|t| t.to_vec1()) {
+        Ok(v) => v,
+        Err(e) => return Some(Err(e)),
+    };
+    let (n, outer, inner) = (out[a], out[..a].iter().product::<usize>(), out[a + 1..].iter().product::<usize>());
+    let r = with_f32(x, |xv| {
+        with_f32(y, |yv| {
+            let mut v = Vec::with_capacity(outer * n * inner);
+            for o in 0..outer {
+                for (i, &ci) in cond.iter().enumerate() {
+                    let (src, t) = if ci != 0 { (xv, x) } else { (yv, y) };
+                    let at = if t.dim(a).unwrap_or(0) == 1 { o * inner } else { (o * n + i) * inner };
+                    v.extend_from_slice(&src[at..at + inner]);
+                }
+            }
+            Tensor::from_vec(v, out, &Device::Cpu)
+        })
+    });
+    Some(r.and_then(|r| r).and_then(|r| r))
+}
+
+/// `f` on an f32 tensor's values, read in place when contiguous.
+pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    {
+        let (st, layout) = t.storage_and_layout();
+        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) =
+            (&*st, layout.contiguous_offsets())
+        {
+            return Ok(f(&v[a..b]));
+        }
+    }
+    let v: Vec<f32> = t.flatten_all()?.to_vec1()?;
+    Ok(f(&v))
 }
 
 fn pow(x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
@@ -704,5 +762,34 @@ fn scatter_nd(data: &Tensor, indices: &Tensor, updates: &Tensor) -> candle_core:
         Ok(t)
     } else {
         t.to_dtype(CD::I64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The slab-copy Where (ring write, trunk ring select) equals candle's broadcast select.
+    #[test]
+    fn where_slabs_equals_the_broadcast_select() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let out = [1usize, 2, 5, 3];
+        let y = Tensor::arange(0f32, 30., &dev)?.reshape(&out)?;
+        let full_x = (Tensor::arange(0f32, 30., &dev)?.reshape(&out)? * -1.0)?;
+        let row_x = Tensor::new(&[[[[7f32, 8., 9.]], [[4., 5., 6.]]]], &dev)?;
+        let cond = Tensor::new(&[0u8, 0, 1, 0, 1], &dev)?.reshape((1, 1, 5, 1))?;
+        for x in [&row_x, &full_x] {
+            for (a, b) in [(x, &y), (&y, x)] {
+                let fast = where_slabs(&cond, a, b, &out).expect("pattern")?;
+                let c = bshape(&cond, &out)?;
+                let slow = c.where_cond(&bshape(a, &out)?, &bshape(b, &out)?)?;
+                let d = (fast - slow)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+                assert_eq!(d, 0.0);
+            }
+        }
+        // A condition varying on two axes is not this pattern.
+        let c2 = Tensor::ones((1, 2, 5, 1), CD::U8, &dev)?;
+        assert!(where_slabs(&c2, &row_x, &y, &out).is_none());
+        Ok(())
     }
 }
