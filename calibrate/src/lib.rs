@@ -203,42 +203,13 @@ fn min_max(t: &Tensor) -> Option<(f32, f32)> {
             });
             let (a, n) = (layout.start_offset(), t.elem_count());
             if dense && a + n <= v.len() {
-                return Some(min_max_of(&v[a..a + n]));
+                return Some(hexq_model::weights::min_max(&v[a..a + n]));
             }
         }
     }
-    hexq_graph::interp::with_f32(t, min_max_of).ok()
+    hexq_graph::interp::with_f32(t, hexq_model::weights::min_max).ok()
 }
 
-/// [`min_max`] over a slice, 16 lanes at a time (compare-and-select vectorizes; `f32::min` does not).
-/// Exact: min and max do not round, so lanes and order give the same answer as a sequential fold.
-pub fn min_max_of(v: &[f32]) -> (f32, f32) {
-    const L: usize = 16;
-    let (mut lo, mut hi, mut nan) = ([f32::INFINITY; L], [f32::NEG_INFINITY; L], [false; L]);
-    let mut chunks = v.chunks_exact(L);
-    for c in chunks.by_ref() {
-        for k in 0..L {
-            let x = c[k];
-            lo[k] = if x < lo[k] { x } else { lo[k] };
-            hi[k] = if x > hi[k] { x } else { hi[k] };
-            nan[k] |= x.is_nan();
-        }
-    }
-    let (mut l, mut h, mut n) = (f32::INFINITY, f32::NEG_INFINITY, nan.contains(&true));
-    for &x in chunks.remainder() {
-        n |= x.is_nan();
-        l = if x < l { x } else { l };
-        h = if x > h { x } else { h };
-    }
-    for k in 0..L {
-        l = l.min(lo[k]);
-        h = h.max(hi[k]);
-    }
-    if n {
-        h = f32::INFINITY;
-    }
-    (l, h)
-}
 
 pub struct Options {
     pub variant: Variant,
@@ -374,20 +345,29 @@ pub fn calibrate_with(
     let mut history = false;
     let b: &mut dyn Hidden = match engine {
         Engine::Interp { params } => {
+            let t0 = std::time::Instant::now();
+            let lap = |what: &str| {
+                if std::env::var_os("HEXQ_PROFILE").is_some() {
+                    eprintln!("calibrate: {what} at {:.1} s", t0.elapsed().as_secs_f64());
+                }
+            };
             interp = GraphBackend::for_model(
                 &ck,
                 decode_variant,
                 o.variant == Variant::Trunk,
                 &o.graph,
             )?;
+            lap("graph backend");
             if let Some(mut p) = params {
                 // Weights fake-quantized once, not on every decode call.
                 interp.bake(p.as_mut())?;
             }
+            lap("weights baked");
             interp.hook = Some(Box::new(obs.clone()));
             if batched {
                 // Greedy picks come from the head's own rows (decode_batched): no [V, H] f32 copy.
                 interp.host = hexq_model::forward::Host::lookups(ck.clone())?;
+                lap("host lookups");
                 let ids: Vec<Vec<u32>> = recs
                     .iter()
                     .map(|r| prompt_ids(tok, r, o))
@@ -399,6 +379,7 @@ pub fn calibrate_with(
                     "dataset_sha256": hexq_fsutil::sha256_file(dataset)?, "prompts": ids.len(),
                     "decode_tokens": o.decode_tokens, "context": o.graph.context, "variant": o.variant.name(),
                     "params": mode});
+                lap("model hash");
                 let mut start = 0;
                 if let Some(cp) = &o.checkpoint {
                     let prev: Option<Partial> = std::fs::read(cp)
@@ -591,14 +572,7 @@ pub fn decode_batched(
     save: &mut dyn FnMut(usize, u64) -> Result<()>,
     mut seqs: Option<&mut Vec<Vec<u32>>>,
 ) -> Result<u64> {
-    use hexq_graph::interp::WeightSource;
-    let cfg = &ck.config;
-    let head = ck.rows(if cfg.tie_word_embeddings {
-        hexq_model::names::EMBED
-    } else {
-        hexq_model::names::LM_HEAD
-    })?;
-    let cap = cfg.final_logit_softcapping;
+    let head = hexq_runtime::graph::Head::of(ck)?;
     let mut next = start;
     let mut jobs: Vec<Job> = Vec::new();
     let (mut tokens, t0) = (0u64, std::time::Instant::now());
@@ -632,23 +606,9 @@ pub fn decode_batched(
             .filter(|&j| jobs[j].cur == jobs[j].ids.len() && jobs[j].generated < o.decode_tokens)
             .collect();
         let mut picks = vec![None; jobs.len()];
-        if !want.is_empty() {
-            let x: Vec<f32> = want
-                .iter()
-                .flat_map(|&j| jobs[j].h.iter().copied())
-                .collect();
-            let logits = hexq_graph::rowmm::matmul(&x, want.len(), &head);
-            for (r, &j) in want.iter().enumerate() {
-                let row = &logits[r * head.out..(r + 1) * head.out];
-                let row: Vec<f32> = match cap {
-                    Some(c) => row
-                        .iter()
-                        .map(|&v| (v / c as f32).tanh() * c as f32)
-                        .collect(),
-                    None => row.to_vec(),
-                };
-                picks[j] = Some(argmax(&row));
-            }
+        let hs: Vec<&[f32]> = want.iter().map(|&j| jobs[j].h.as_slice()).collect();
+        for (row, &j) in head.logits(&hs).iter().zip(&want) {
+            picks[j] = Some(argmax(row));
         }
         let mut step: Vec<(usize, u32)> = Vec::new();
         let mut finished = Vec::new();
@@ -713,7 +673,7 @@ pub fn decode_batched(
 
 #[cfg(test)]
 mod tests {
-    use super::min_max_of;
+    use hexq_model::weights::min_max as min_max_of;
 
     /// The 16-lane scan equals a sequential fold (NaN as +inf) on every length and with NaN anywhere.
     #[test]

@@ -164,6 +164,7 @@ pub fn verify(
     v: Variant,
     o: &GraphOptions,
     steps: usize,
+    batch: usize,
     pb: &indicatif::ProgressBar,
 ) -> Result<Report> {
     let mut f = backend(&ck, v, o)?;
@@ -176,37 +177,16 @@ pub fn verify(
         FakeQuant::activations(enc),
     )));
     pb.set_length(recs.len() as u64);
-    let mut per = Vec::new();
-    for r in recs {
-        let ids = prompt_ids(tok, r, o.context, steps)?;
-        hexq_runtime::Backend::reset(&mut f);
-        hexq_runtime::Backend::reset(&mut q);
-        let hf = f.hidden(&ids)?.pop().unwrap();
-        let hq = q.hidden(&ids)?.pop().unwrap();
-        let (lf, lq) = (f.logits(&hf)?, q.logits(&hq)?);
-        let mut res = PromptResult::prefill(&r.id, ids.len(), (&hf, &lf), (&hq, &lq));
-        // Decode: teacher-forced on float's greedy tokens. Quant agrees on every step ⇔ its own greedy
-        // continuation is token-exact.
-        if v != Variant::Trunk {
-            let (mut lf, mut lq) = (lf, lq);
-            for _ in 0..steps {
-                let nf = argmax(&lf);
-                if argmax(&lq) != nf {
-                    res.greedy_exact = false;
-                } else if res.greedy_exact {
-                    res.greedy_agree_steps += 1;
-                }
-                let hf = f.step(nf)?;
-                let hq = q.step(nf)?;
-                res.step_cosine.push(cos(&hf, &hq));
-                res.norm_ratio = res.norm_ratio.min(norm(&hq) / norm(&hf).max(1e-30));
-                lf = f.logits(&hf)?;
-                lq = q.logits(&hq)?;
-            }
-        }
-        per.push(res);
-        pb.inc(1);
-    }
+    let per = if v == Variant::Trunk {
+        prompt_by_prompt(&mut f, &mut q, tok, recs, o, steps, pb)?
+    } else {
+        let prompts = recs
+            .iter()
+            .map(|r| Ok((r.id.clone(), prompt_ids(tok, r, o.context, steps)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let head = hexq_runtime::graph::Head::of(&ck)?;
+        decode_batched(&mut f, &mut q, &head, &prompts, steps, batch, pb)?
+    };
     let mut coverage_outside = Vec::new();
     if let Some(st) = stats {
         let held: BTreeMap<String, Range> = obs.ranges.lock().unwrap().clone();
@@ -233,6 +213,142 @@ pub fn verify(
     }
     let greedy = if v == Variant::Trunk { 0 } else { steps };
     Ok(summarize(v.name(), per, greedy, coverage_outside))
+}
+
+/// The trunk: each prompt through the trunk graph (prefill figures only).
+fn prompt_by_prompt(
+    f: &mut GraphBackend,
+    q: &mut GraphBackend,
+    tok: &Tokenizer,
+    recs: &[Record],
+    o: &GraphOptions,
+    steps: usize,
+    pb: &indicatif::ProgressBar,
+) -> Result<Vec<PromptResult>> {
+    let mut per = Vec::new();
+    for r in recs {
+        let ids = prompt_ids(tok, r, o.context, steps)?;
+        hexq_runtime::Backend::reset(f);
+        hexq_runtime::Backend::reset(q);
+        let hf = f.hidden(&ids)?.pop().unwrap();
+        let hq = q.hidden(&ids)?.pop().unwrap();
+        let (lf, lq) = (f.logits(&hf)?, q.logits(&hq)?);
+        per.push(PromptResult::prefill(&r.id, ids.len(), (&hf, &lf), (&hq, &lq)));
+        pb.inc(1);
+    }
+    Ok(per)
+}
+
+/// One held-out prompt in flight through both backends.
+struct Job {
+    index: usize,
+    ids: Vec<u32>,
+    cur: usize,
+    steps_done: usize,
+    slots: [hexq_runtime::graph::Slot; 2],
+    logits: [Vec<f32>; 2],
+    res: Option<PromptResult>,
+}
+
+/// Decode graphs: `batch` prompts side by side through float and quantsim, one batched step per call on
+/// each (continuous batching). Every prompt token, then `steps` teacher-forced decode steps on float's
+/// greedy token; quantsim agreeing on every step ⇔ its own greedy continuation is token-exact. Per prompt the
+/// same calls, inputs and figures as one prompt at a time (`step_batch` and [`Head`] are exact per row):
+/// the report does not depend on `batch`.
+///
+/// [`Head`]: hexq_runtime::graph::Head
+fn decode_batched(
+    f: &mut GraphBackend,
+    q: &mut GraphBackend,
+    head: &hexq_runtime::graph::Head,
+    prompts: &[(String, Vec<u32>)],
+    steps: usize,
+    batch: usize,
+    pb: &indicatif::ProgressBar,
+) -> Result<Vec<PromptResult>> {
+    let mut per: Vec<Option<PromptResult>> = vec![None; prompts.len()];
+    let (mut jobs, mut next) = (Vec::<Job>::new(), 0);
+    loop {
+        while jobs.len() < batch.max(1) && next < prompts.len() {
+            jobs.push(Job {
+                index: next,
+                ids: prompts[next].1.clone(),
+                cur: 0,
+                steps_done: 0,
+                slots: [f.new_slot(), q.new_slot()],
+                logits: [vec![], vec![]],
+                res: None,
+            });
+            next += 1;
+        }
+        if jobs.is_empty() {
+            break;
+        }
+        let mut feed: Vec<(usize, u32)> = Vec::new();
+        for (j, job) in jobs.iter_mut().enumerate() {
+            if job.cur < job.ids.len() {
+                feed.push((j, job.ids[job.cur]));
+                job.cur += 1;
+            } else if job.steps_done < steps {
+                let res = job.res.as_mut().unwrap();
+                let nf = argmax(&job.logits[0]);
+                if argmax(&job.logits[1]) != nf {
+                    res.greedy_exact = false;
+                } else if res.greedy_exact {
+                    res.greedy_agree_steps += 1;
+                }
+                job.steps_done += 1;
+                feed.push((j, nf));
+            }
+        }
+        let (idx, ids): (Vec<usize>, Vec<u32>) = feed.into_iter().unzip();
+        let mut hs = Vec::new();
+        for (k, b) in [&mut *f, &mut *q].into_iter().enumerate() {
+            let mut slots: Vec<&mut hexq_runtime::graph::Slot> = jobs
+                .iter_mut()
+                .enumerate()
+                .filter(|(j, _)| idx.binary_search(j).is_ok())
+                .map(|(_, job)| &mut job.slots[k])
+                .collect();
+            hs.push(b.step_batch(&mut slots, &ids)?);
+        }
+        // Logits where the prompt is through: the prefill figures, then each decode step's.
+        let want: Vec<usize> = (0..idx.len())
+            .filter(|&r| jobs[idx[r]].cur == jobs[idx[r]].ids.len())
+            .collect();
+        let rows: Vec<&[f32]> = (0..2)
+            .flat_map(|k| want.iter().map(move |&r| (k, r)))
+            .map(|(k, r)| hs[k][r].as_slice())
+            .collect();
+        let mut ls = head.logits(&rows).into_iter();
+        let lf: Vec<Vec<f32>> = ls.by_ref().take(want.len()).collect();
+        for ((&r, lf), lq) in want.iter().zip(lf).zip(ls) {
+            let (hf, hq) = (&hs[0][r], &hs[1][r]);
+            let job = &mut jobs[idx[r]];
+            match job.res.as_mut() {
+                None => {
+                    let id = &prompts[job.index].0;
+                    job.res = Some(PromptResult::prefill(id, job.ids.len(), (hf, &lf), (hq, &lq)));
+                }
+                Some(res) => {
+                    res.step_cosine.push(cos(hf, hq));
+                    res.norm_ratio = res.norm_ratio.min(norm(hq) / norm(hf).max(1e-30));
+                }
+            }
+            job.logits = [lf, lq];
+        }
+        let mut j = 0;
+        while j < jobs.len() {
+            if jobs[j].cur == jobs[j].ids.len() && jobs[j].steps_done == steps && jobs[j].res.is_some() {
+                let job = jobs.remove(j);
+                per[job.index] = job.res;
+                pb.inc(1);
+            } else {
+                j += 1;
+            }
+        }
+    }
+    Ok(per.into_iter().map(|p| p.unwrap()).collect())
 }
 
 /// Reference vs candidate on held-out prompts through the [`hexq_runtime::Hidden`] interface: the same

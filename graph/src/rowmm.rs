@@ -71,13 +71,46 @@ fn block_ref(x: &[f32], rows: usize, inp: usize, w: &[f32], ncol: usize, out: &m
     }
 }
 
+/// Weight rows as the AVX-512 tiles read them: in their stored form, widened in registers (f32 as is, bf16 by
+/// a shift, Q16 by `q as f32 · scale[row]` — the same rounded product the scalar widening makes), so a block
+/// of weights is read from memory once, never copied to an f32 scratch.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+enum Src {
+    F32(*const f32),
+    Bf16(*const u16),
+    Q16(*const i16, *const f32),
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Src {
+    /// 16 values of weight row `row` from column `k` (lanes outside `m` are 0).
+    #[inline(always)]
+    unsafe fn load(self, row: usize, inp: usize, k: usize, m: u16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let at = row * inp + k;
+        match self {
+            Src::F32(p) => _mm512_maskz_loadu_ps(m, p.add(at)),
+            Src::Bf16(p) => {
+                let h = _mm256_maskz_loadu_epi16(m, p.add(at) as *const i16);
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
+            Src::Q16(p, sc) => {
+                let h = _mm256_maskz_loadu_epi16(m, p.add(at));
+                let v = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(h));
+                _mm512_mul_ps(v, _mm512_set1_ps(*sc.add(row)))
+            }
+        }
+    }
+}
+
 /// The same sums with AVX-512: tiles of NR input rows × NC weight rows (4 × 4: 8 loads feed 16 FMAs, all
 /// accumulators in registers), each output in its own accumulator, so the tiling changes no value.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn tile<const NR: usize, const NC: usize>(
     x: &[f32],
-    w: &[f32],
+    w: Src,
     inp: usize,
     (r, c): (usize, usize),
     ncol: usize,
@@ -88,9 +121,8 @@ unsafe fn tile<const NR: usize, const NC: usize>(
     let tail = inp % LANES;
     let mut acc = [[_mm512_setzero_ps(); NC]; NR];
     let xp: [*const f32; NR] = std::array::from_fn(|i| x.as_ptr().add((r + i) * inp));
-    let wp: [*const f32; NC] = std::array::from_fn(|j| w.as_ptr().add((c + j) * inp));
     for ch in 0..full {
-        let wv: [__m512; NC] = std::array::from_fn(|j| _mm512_loadu_ps(wp[j].add(ch * LANES)));
+        let wv: [__m512; NC] = std::array::from_fn(|j| w.load(c + j, inp, ch * LANES, 0xffff));
         for i in 0..NR {
             let xv = _mm512_loadu_ps(xp[i].add(ch * LANES));
             for j in 0..NC {
@@ -100,8 +132,7 @@ unsafe fn tile<const NR: usize, const NC: usize>(
     }
     if tail > 0 {
         let m: __mmask16 = ((1u32 << tail) - 1) as __mmask16;
-        let wv: [__m512; NC] =
-            std::array::from_fn(|j| _mm512_maskz_loadu_ps(m, wp[j].add(full * LANES)));
+        let wv: [__m512; NC] = std::array::from_fn(|j| w.load(c + j, inp, full * LANES, m));
         for i in 0..NR {
             let xv = _mm512_maskz_loadu_ps(m, xp[i].add(full * LANES));
             for j in 0..NC {
@@ -119,15 +150,8 @@ unsafe fn tile<const NR: usize, const NC: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn block_avx512(
-    x: &[f32],
-    rows: usize,
-    inp: usize,
-    w: &[f32],
-    ncol: usize,
-    out: &mut [f32],
-) {
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn block_avx512(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, out: &mut [f32]) {
     let (r4, c4) = (rows / 4 * 4, ncol / 4 * 4);
     for r in (0..r4).step_by(4) {
         for c in (0..c4).step_by(4) {
@@ -147,7 +171,17 @@ unsafe fn block_avx512(
     }
 }
 
-/// One block of output columns `j0..j0 + ncol`: widen the weight rows once, then every input row.
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+    })
+}
+
+/// One block of output columns `j0..j0 + ncol`: every input row against those weight rows.
 fn run_block(
     x: &[f32],
     rows: usize,
@@ -157,6 +191,16 @@ fn run_block(
     ncol: usize,
     out: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // The block's rows through pointers offset to row j0 (tiles index rows from 0).
+        let src = match &w.rows {
+            Rows::F32(v) => Src::F32(v[j0 * inp..].as_ptr()),
+            Rows::Bf16(v) => Src::Bf16(v[j0 * inp..].as_ptr()),
+            Rows::Q16 { q, scale } => Src::Q16(q[j0 * inp..].as_ptr(), scale[j0..].as_ptr()),
+        };
+        return unsafe { block_avx512(x, rows, inp, src, ncol, out) };
+    }
     let wf: std::borrow::Cow<[f32]> = match &w.rows {
         Rows::F32(v) => std::borrow::Cow::Borrowed(&v[j0 * inp..(j0 + ncol) * inp]),
         Rows::Bf16(v) => std::borrow::Cow::Owned(
@@ -166,7 +210,6 @@ fn run_block(
                 .collect(),
         ),
         Rows::Q16 { q, scale } => {
-            // Row by row, a plain loop the compiler vectorizes.
             let mut w = vec![0f32; ncol * inp];
             for (c, dst) in w.chunks_exact_mut(inp).enumerate() {
                 let (src, sc) = (&q[(j0 + c) * inp..(j0 + c + 1) * inp], scale[j0 + c]);
@@ -177,10 +220,6 @@ fn run_block(
             std::borrow::Cow::Owned(w)
         }
     };
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
-        return unsafe { block_avx512(x, rows, inp, &wf, ncol, out) };
-    }
     block_ref(x, rows, inp, &wf, ncol, out)
 }
 

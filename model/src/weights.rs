@@ -241,6 +241,38 @@ pub fn to_f32(b: &[u8], dt: DType) -> Vec<f32> {
     out
 }
 
+
+/// Min and max of a slice, NaN counted as +inf (an infinite range is visible; NaN would poison min/max
+/// silently), 16 lanes at a time (compare-and-select vectorizes; `f32::min` does not).
+/// Exact: min and max do not round, so lanes and order give the same answer as a sequential fold.
+pub fn min_max(v: &[f32]) -> (f32, f32) {
+    const L: usize = 16;
+    let (mut lo, mut hi, mut nan) = ([f32::INFINITY; L], [f32::NEG_INFINITY; L], [false; L]);
+    let mut chunks = v.chunks_exact(L);
+    for c in chunks.by_ref() {
+        for k in 0..L {
+            let x = c[k];
+            lo[k] = if x < lo[k] { x } else { lo[k] };
+            hi[k] = if x > hi[k] { x } else { hi[k] };
+            nan[k] |= x.is_nan();
+        }
+    }
+    let (mut l, mut h, mut n) = (f32::INFINITY, f32::NEG_INFINITY, nan.contains(&true));
+    for &x in chunks.remainder() {
+        n |= x.is_nan();
+        l = if x < l { x } else { l };
+        h = if x > h { x } else { h };
+    }
+    for k in 0..L {
+        l = l.min(lo[k]);
+        h = h.max(hi[k]);
+    }
+    if n {
+        h = f32::INFINITY;
+    }
+    (l, h)
+}
+
 /// [`to_f32`] into a reused buffer (streaming writers: no fresh pages to fault in and zero per tensor).
 /// Index of the first NaN or infinite element of `b` (stored as `dt`): exponent bits all ones.
 pub fn nonfinite_at(b: &[u8], dt: DType) -> Option<usize> {

@@ -143,9 +143,26 @@ impl Encoding {
     #[inline]
     pub fn quantize_param(&self, x: f32) -> i64 {
         let zp = -self.offset as f32;
-        (x / self.scale as f32 + zp)
-            .round()
-            .clamp(0.0, self.qmax() as f32) as i64
+        round_half_away(x / self.scale as f32 + zp).clamp(0.0, self.qmax() as f32) as i64
+    }
+}
+
+/// `f32::round` (half away from zero) without the libm call it becomes on baseline x86-64 (no SSE4.1), so
+/// loops over weights vectorize: truncate, then step away from zero when the dropped fraction is ≥ ½ (the
+/// fraction `v − trunc(v)` is exact below 2^23; above it every f32 is an integer already).
+#[inline]
+pub fn round_half_away(v: f32) -> f32 {
+    if !(v.abs() < 8_388_608.0) {
+        return v; // integers, inf, NaN
+    }
+    let t = v as i32 as f32;
+    let f = v - t;
+    if f >= 0.5 {
+        t + 1.0
+    } else if f <= -0.5 {
+        t - 1.0
+    } else {
+        t.copysign(v)
     }
 }
 
@@ -398,7 +415,11 @@ pub fn param_encodings(
                 InitSource::Weight { tensor, .. } => ck.f32(tensor)?,
                 InitSource::I64(_) => unreachable!(),
             };
-            if let Some(bad) = vals.iter().find(|v| !v.is_finite()) {
+            let (lo, hi) = hexq_model::weights::min_max(&vals);
+            if let Some(bad) = (!lo.is_finite() || !hi.is_finite())
+                .then(|| vals.iter().find(|v| !v.is_finite()))
+                .flatten()
+            {
                 return Err(Error::Encoding {
                     tensor: i.name.clone(),
                     msg: format!("non-finite value {bad} in the weights"),
@@ -416,11 +437,7 @@ pub fn param_encodings(
                     let e = vals
                         .chunks(cols)
                         .map(|row| {
-                            let (lo, hi) = row
-                                .iter()
-                                .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
-                                    (a.min(x), b.max(x))
-                                });
+                            let (lo, hi) = hexq_model::weights::min_max(row);
                             Encoding::compute(
                                 bw,
                                 lo as f64,
@@ -433,11 +450,6 @@ pub fn param_encodings(
                 }
             }
             let bw = rule.map(|r| r.bitwidth).unwrap_or(scheme.const_bw);
-            let (lo, hi) = vals
-                .iter()
-                .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| {
-                    (a.min(x), b.max(x))
-                });
             Ok((
                 i.name.clone(),
                 vec![Encoding::compute(
@@ -752,6 +764,26 @@ pub fn encode(
         "tie_groups": ties.iter().filter(|(m, r)| m != r).map(|(m, r)| (m.clone(), serde_json::Value::String(r.clone()))).collect::<serde_json::Map<_, _>>(),
     });
     Ok(enc)
+}
+
+#[cfg(test)]
+mod round_tests {
+    /// Bit-identical to `f32::round` on halves, near-halves, signs, zeros, large and non-finite values.
+    #[test]
+    fn round_half_away_is_f32_round() {
+        let mut v = vec![0.0f32, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999997, -0.49999997, 8388607.5,
+            -8388607.5, 8388608.0, 1e20, -1e20, f32::INFINITY, f32::NEG_INFINITY, 127.5, -128.5, 254.99998];
+        let mut s = 1u64;
+        for _ in 0..100_000 {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            v.push(f32::from_bits((s >> 32) as u32));
+            v.push(((s >> 40) as f32 / 65536.0 - 128.0) * 2.0);
+        }
+        for x in v {
+            let (a, b) = (super::round_half_away(x), x.round());
+            assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "{x}: {a} vs {b}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -409,3 +409,43 @@ impl Backend for GraphBackend {
         self.logits(&h)
     }
 }
+
+/// The LM head as rows of the batch-invariant kernel ([`hexq_graph::rowmm`]): the logits of many hidden
+/// states in one multiply (the head read once), each row's result independent of the others — greedy picks
+/// and verify figures do not depend on how many prompts run side by side. Final softcap applied as the
+/// host's head does.
+pub struct Head {
+    rows: hexq_graph::rowmm::RowWeight,
+    cap: Option<f32>,
+}
+
+impl Head {
+    pub fn of(ck: &hexq_model::Checkpoint) -> Result<Head> {
+        use hexq_graph::interp::WeightSource;
+        let cfg = &ck.config;
+        let name = if cfg.tie_word_embeddings {
+            hexq_model::names::EMBED
+        } else {
+            hexq_model::names::LM_HEAD
+        };
+        Ok(Head {
+            rows: ck.rows(name)?,
+            cap: cfg.final_logit_softcapping.map(|c| c as f32),
+        })
+    }
+
+    /// Logits of each hidden state.
+    pub fn logits(&self, hs: &[&[f32]]) -> Vec<Vec<f32>> {
+        if hs.is_empty() {
+            return vec![];
+        }
+        let x: Vec<f32> = hs.iter().flat_map(|h| h.iter().copied()).collect();
+        let y = hexq_graph::rowmm::matmul(&x, hs.len(), &self.rows);
+        y.chunks(self.rows.out)
+            .map(|row| match self.cap {
+                Some(c) => row.iter().map(|&v| (v / c).tanh() * c).collect(),
+                None => row.to_vec(),
+            })
+            .collect()
+    }
+}

@@ -37,6 +37,13 @@ pub struct Args {
     /// Greedy decode steps compared token by token.
     #[arg(long, default_value_t = 8, value_parser = super::positive)]
     pub steps: usize,
+    /// Quantsim, decode graphs: held-out prompts run side by side through float and quantsim, one batched
+    /// graph run per step (weights read once per batch). The figures are the same for every batch size.
+    #[arg(long, default_value_t = 16, value_parser = super::positive)]
+    pub batch: usize,
+    /// Worker threads for the weight multiplies (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
     #[arg(long)]
     pub json: bool,
 }
@@ -63,6 +70,8 @@ impl Args {
             dataset,
             limit: Some(limit),
             steps,
+            batch: 16,
+            threads: 0,
             json: false,
         }
     }
@@ -151,8 +160,20 @@ fn quantsim(a: Args) -> Result<()> {
         );
     }
     drop(g);
+    super::set_threads(a.threads);
     let pb = count_progress("verify");
-    let r = hexq_eval::verify::verify(ck, &tok, &recs, &enc, st.as_ref(), v, &o, a.steps, &pb)?;
+    let r = hexq_eval::verify::verify(
+        ck,
+        &tok,
+        &recs,
+        &enc,
+        st.as_ref(),
+        v,
+        &o,
+        a.steps,
+        a.batch,
+        &pb,
+    )?;
     pb.finish_and_clear();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
