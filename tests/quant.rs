@@ -144,6 +144,19 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
         &[],
     );
     ok(&o);
+    // The batched engine (issue 20): one prompt at a time (--batch 1) and 3 side by side print the same
+    // report, byte for byte, as the default batch (all 8 together).
+    for batch in ["1", "3"] {
+        let ob = hexq(
+            &[
+                "verify", "--model", MODEL, "--encodings", enc.to_str().unwrap(), "--stats",
+                st.to_str().unwrap(), "--limit", "8", "--steps", "4", "--json", "--batch", batch,
+            ],
+            &[],
+        );
+        ok(&ob);
+        assert!(ob.stdout == o.stdout, "--batch {batch} changed the verify report");
+    }
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["prompts"], 8);
     assert!(r["cosine_mean"].as_f64().unwrap() > 0.98, "{r}");
@@ -179,7 +192,8 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
 }
 
 /// The batched engine (issue 20): one prompt at a time (--batch 1), 5 and 16 side by side, one thread or
-/// all — the stats file byte-identical every time.
+/// all, and prompt tokens chained in one run (one or two prompts in flight, several positions each) — the
+/// stats file byte-identical every time.
 #[test]
 fn calibration_is_byte_identical_across_runs_thread_counts_and_batch_sizes() {
     let t = tempfile::tempdir().unwrap();
@@ -194,6 +208,8 @@ fn calibration_is_byte_identical_across_runs_thread_counts_and_batch_sizes() {
             &[("CANDLE_NUM_THREADS", "1")][..],
         ),
         (&["--batch", "16"][..], &[][..]),
+        (&["--batch", "7", "--sequences", "1"][..], &[][..]),
+        (&["--batch", "16", "--sequences", "2"][..], &[][..]),
     ]
     .into_iter()
     .enumerate()
@@ -404,6 +420,7 @@ fn encodings_match_aimet_within_one_lsb() {
         ignore_guards: false,
         noise: false,
         batch: 1,
+        sequences: 0,
         checkpoint: None,
         checkpoint_every: 1,
         tokens_out: None,

@@ -222,9 +222,12 @@ pub struct Options {
     pub ignore_guards: bool,
     /// Replace the embeddings by N(0,1) noise (to demonstrate the failure mode; refused unless forced).
     pub noise: bool,
-    /// Decode-graph calibration on the interpreter: prompts decoded side by side, one batched graph run
-    /// per step (see [`decode_batched`]); the ranges do not depend on it.
+    /// Decode-graph calibration on the interpreter: decode steps (positions) per batched graph run — of
+    /// prompts side by side and of consecutive prompt tokens of one prompt (see [`decode_batched`]); the
+    /// ranges do not depend on it.
     pub batch: usize,
+    /// Prompts in flight at once (0: `batch`); each holds a full KV cache, so this bounds the memory.
+    pub sequences: usize,
     /// Resumable progress (batched decode calibration): every `checkpoint_every` prompts the stats so far
     /// are written here; a run that finds a file with its own settings continues from it.
     pub checkpoint: Option<std::path::PathBuf>,
@@ -587,7 +590,11 @@ pub fn decode_batched(
             save(next, tokens)?;
             drain_at = (drain_at + every).min(prompts.len());
         }
-        while jobs.len() < o.batch.max(1) && next < drain_at.min(prompts.len()) {
+        let in_flight = match o.sequences {
+            0 => o.batch,
+            n => n.min(o.batch),
+        };
+        while jobs.len() < in_flight.max(1) && next < drain_at.min(prompts.len()) {
             let p = &prompts[next];
             next += 1;
             tokens += p.len() as u64;
@@ -610,46 +617,61 @@ pub fn decode_batched(
         for (row, &j) in head.logits(&hs).iter().zip(&want) {
             picks[j] = Some(argmax(row));
         }
-        let mut step: Vec<(usize, u32)> = Vec::new();
+        // This call's positions: one greedy token per decoding job; the rest of the batch goes to the
+        // prompts' next tokens, spread over the jobs still in their prompt (a lone long prompt gets many).
+        let mut take = vec![0usize; jobs.len()];
         let mut finished = Vec::new();
+        let mut budget = o.batch.max(1);
         for (j, job) in jobs.iter_mut().enumerate() {
             if job.cur < job.ids.len() {
-                step.push((j, job.ids[job.cur]));
-                job.cur += 1;
+                take[j] = 1;
+                budget -= 1;
             } else {
                 match picks[j] {
                     Some(t) if !STOP_IDS.contains(&t) => {
                         job.generated += 1;
                         tokens += 1;
-                        step.push((j, t));
+                        job.ids.push(t);
+                        take[j] = 1;
+                        budget -= 1;
                     }
                     _ => finished.push(j),
                 }
             }
         }
+        while budget > 0 {
+            let before = budget;
+            for (j, job) in jobs.iter().enumerate() {
+                if budget > 0 && take[j] > 0 && job.cur + take[j] < job.ids.len() {
+                    take[j] += 1;
+                    budget -= 1;
+                }
+            }
+            if budget == before {
+                break;
+            }
+        }
+        let step: Vec<usize> = (0..jobs.len()).filter(|&j| take[j] > 0).collect();
         if step.is_empty() && finished.is_empty() {
             break;
         }
         if !step.is_empty() {
-            for &(j, t) in &step {
-                if seqs.is_some() {
-                    jobs[j].fed.push(t);
-                }
-            }
-            let (idx, ids): (Vec<usize>, Vec<u32>) = step.iter().copied().unzip();
             let mut slots: Vec<&mut hexq_runtime::graph::Slot> = Vec::new();
-            let mut it = jobs.iter_mut().enumerate();
-            for &j in &idx {
-                for (k, job) in it.by_ref() {
-                    if k == j {
-                        slots.push(&mut job.slot);
-                        break;
+            let mut runs: Vec<&[u32]> = Vec::new();
+            for (j, job) in jobs.iter_mut().enumerate() {
+                if take[j] > 0 {
+                    let run = &job.ids[job.cur..job.cur + take[j]];
+                    if seqs.is_some() {
+                        job.fed.extend_from_slice(run);
                     }
+                    job.cur += take[j];
+                    runs.push(run);
+                    slots.push(&mut job.slot);
                 }
             }
-            let hs = b.step_batch(&mut slots, &ids)?;
-            for (j, h) in idx.into_iter().zip(hs) {
-                jobs[j].h = h;
+            let hs = b.step_chain(&mut slots, &runs)?;
+            for (j, mut h) in step.into_iter().zip(hs) {
+                jobs[j].h = h.pop().unwrap();
             }
         }
         for &j in finished.iter().rev() {

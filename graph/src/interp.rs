@@ -399,15 +399,38 @@ impl Interpreter {
     /// [`run`]: Interpreter::run
     pub fn run_batch(
         &self,
+        inputs: Vec<HashMap<String, Tensor>>,
+        hook: &mut dyn Hook,
+    ) -> Result<Vec<HashMap<String, Tensor>>> {
+        let n = inputs.len();
+        self.run_chained(inputs, &vec![None; n], hook)
+    }
+
+    /// [`run_batch`] where some sets continue another set's sequence one position later: `prev[s] = Some(p)`
+    /// (p < s) means set s gives no `past_*` inputs — each is set p's `present_*` (as the hook returned it),
+    /// offered to the hook as set s's input. So a sequence advances several positions in one call and their
+    /// weight MatMuls share one [`rowmm`] call, each position computed exactly as a call of its own would.
+    /// The graph must write each `present_*` in the node that reads its `past_*` (the ring write), or
+    /// later. The `present_*` outputs of sets that another set continues come back empty (freed early).
+    ///
+    /// [`run_batch`]: Interpreter::run_batch
+    pub fn run_chained(
+        &self,
         mut inputs: Vec<HashMap<String, Tensor>>,
+        prev: &[Option<usize>],
         hook: &mut dyn Hook,
     ) -> Result<Vec<HashMap<String, Tensor>>> {
         let g = &self.graph;
         let b = inputs.len();
+        let chain = Chain::of(self, prev)?;
         let mut vals: HashMap<String, Val> = HashMap::new();
         for vi in &g.inputs {
             let mut per = Vec::with_capacity(b);
-            for inp in inputs.iter_mut() {
+            for (s, inp) in inputs.iter_mut().enumerate() {
+                if prev[s].is_some() && chain.carry.contains_key(&vi.name) {
+                    per.push(Tensor::zeros(0, CD::F32, &Device::Cpu)?);
+                    continue;
+                }
                 let t = inp.remove(&vi.name).ok_or_else(|| Error::Graph {
                     graph: g.name.clone(),
                     msg: format!("missing input {:?}", vi.name),
@@ -446,6 +469,34 @@ impl Interpreter {
             let out_ty = &g.types[&n.outputs[0]];
             let name = &n.outputs[0];
             let t0 = std::time::Instant::now();
+            chain.fill(k, n, &mut vals, hook)?;
+            if chain.sequential(k, n) {
+                // This node writes a present another set reads as its past: set by set, in chain order.
+                let mut per: Vec<Tensor> = Vec::with_capacity(b);
+                for s in 0..b {
+                    let mut ins: Vec<Tensor> = n.inputs.iter().map(|i| vals[i].get(s).clone()).collect();
+                    if let Some(p) = prev[s] {
+                        for (slot, i) in n.inputs.iter().enumerate() {
+                            if chain.carry.get(i).is_some_and(|c| c.1 == k) {
+                                let t = per[p].clone();
+                                ins[slot] = hook.tensor(i, &t).unwrap_or(t);
+                            }
+                        }
+                    }
+                    let r = eval(&n.op, &ins.iter().collect::<Vec<_>>(), &out_ty.shape)
+                        .map_err(|m| e(&g.name, &n.name, m))?;
+                    per.push(hook.tensor(name, &r).unwrap_or(r));
+                }
+                if profiling() {
+                    record(n.op.onnx_name(), t0);
+                }
+                vals.insert(name.clone(), Val::Per(per));
+                chain.release(k, prev, &mut vals);
+                for f in &self.frees[k] {
+                    vals.remove(f);
+                }
+                continue;
+            }
             let v = if let Some(w) = &self.fast[k] {
                 let w = self.row_weight(w)?;
                 match &vals[&n.inputs[0]] {
@@ -510,6 +561,7 @@ impl Interpreter {
                 record(&format!("(hook) {}", n.op.onnx_name()), t0);
             }
             vals.insert(name.clone(), v);
+            chain.release(k, prev, &mut vals);
             for f in &self.frees[k] {
                 vals.remove(f);
             }
@@ -546,6 +598,107 @@ impl Interpreter {
                 Ok(t)
             })
             .collect()
+    }
+}
+
+/// The `past_*` → `present_*` carries of a chained run (see [`Interpreter::run_chained`]).
+struct Chain<'a> {
+    prev: &'a [Option<usize>],
+    /// past input → (present output, the node writing it).
+    carry: HashMap<String, (String, usize)>,
+    /// present output → the last node reading it or its past (after which interior sets' copies go).
+    last: HashMap<String, usize>,
+}
+
+impl<'a> Chain<'a> {
+    fn of(it: &Interpreter, prev: &'a [Option<usize>]) -> Result<Self> {
+        let g = &it.graph;
+        let mut c = Chain {
+            prev,
+            carry: HashMap::new(),
+            last: HashMap::new(),
+        };
+        for (s, p) in prev.iter().enumerate() {
+            if p.is_some_and(|p| p >= s) {
+                return Err(Error::Graph {
+                    graph: g.name.clone(),
+                    msg: format!("chained set {s} continues set {p:?}: must be an earlier set"),
+                });
+            }
+        }
+        if prev.iter().all(Option::is_none) {
+            return Ok(c);
+        }
+        for vi in g.inputs.iter().filter(|v| v.name.starts_with("past_")) {
+            let present = vi.name.replacen("past_", "present_", 1);
+            let at = |name: &str| g.nodes.iter().position(|n| n.outputs[0] == name);
+            let reads = |name: &str| {
+                g.nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| n.inputs.iter().any(|i| i == name))
+                    .map(|(k, _)| k)
+                    .collect::<Vec<_>>()
+            };
+            let w = at(&present).ok_or_else(|| Error::Graph {
+                graph: g.name.clone(),
+                msg: format!("cannot chain: no node writes {present} for {}", vi.name),
+            })?;
+            let (rp, rq) = (reads(&vi.name), reads(&present));
+            if rp.iter().any(|&k| k < w) || it.fast[w].is_some() || it.view[w] {
+                return Err(Error::Graph {
+                    graph: g.name.clone(),
+                    msg: format!("cannot chain: {} is read before {present} is written", vi.name),
+                });
+            }
+            let last = rp.iter().chain(&rq).copied().max().unwrap_or(w).max(w);
+            c.last.insert(present.clone(), last);
+            c.carry.insert(vi.name.clone(), (present, w));
+        }
+        Ok(c)
+    }
+
+    /// Before node `k`: chained sets' copies of the pasts it reads whose presents are already written.
+    fn fill(&self, k: usize, n: &crate::ir::Node, vals: &mut HashMap<String, Val>, hook: &mut dyn Hook) -> Result<()> {
+        for i in &n.inputs {
+            let Some((present, w)) = self.carry.get(i) else {
+                continue;
+            };
+            if *w >= k {
+                continue;
+            }
+            for (s, p) in self.prev.iter().enumerate() {
+                let Some(p) = *p else { continue };
+                if vals[i].get(s).elem_count() > 0 {
+                    continue;
+                }
+                let t = vals[present].get(p).clone();
+                let t = hook.tensor(i, &t).unwrap_or(t);
+                if let Some(Val::Per(v)) = vals.get_mut(i) {
+                    v[s] = t;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether node `k` writes a present that a chained set reads from its predecessor.
+    fn sequential(&self, k: usize, n: &crate::ir::Node) -> bool {
+        n.inputs.iter().any(|i| self.carry.get(i).is_some_and(|c| c.1 == k))
+    }
+
+    /// After node `k`: drop the presents of sets another set continued, once nothing reads them.
+    fn release(&self, k: usize, prev: &[Option<usize>], vals: &mut HashMap<String, Val>) {
+        for (present, &last) in &self.last {
+            if last != k {
+                continue;
+            }
+            if let Some(Val::Per(v)) = vals.get_mut(present) {
+                for p in prev.iter().flatten() {
+                    v[*p] = Tensor::zeros(0, CD::F32, &Device::Cpu).unwrap();
+                }
+            }
+        }
     }
 }
 

@@ -304,41 +304,62 @@ impl GraphBackend {
     /// sequence's hidden state and KV exactly what [`GraphBackend::step`] gives it alone. The hook sees every
     /// sequence's tensors. Returns the final hidden state per sequence.
     pub fn step_batch(&mut self, slots: &mut [&mut Slot], ids: &[u32]) -> Result<Vec<Vec<f32>>> {
-        let mut hidden = vec![Vec::new(); slots.len()];
-        let mut run = Vec::new();
+        let runs: Vec<&[u32]> = ids.iter().map(std::slice::from_ref).collect();
+        Ok(self
+            .step_chain(slots, &runs)?
+            .into_iter()
+            .map(|mut h| h.pop().unwrap())
+            .collect())
+    }
+
+    /// Several decode steps per sequence in one call: `runs[i]` fed to `slots[i]` one position after
+    /// another, all positions of all sequences in one chained run of the decode graph (see
+    /// `Interpreter::run_chained`: each position's KV feeds the next inside the call, the weight MatMuls
+    /// take every position's row at once). Each step exactly what [`GraphBackend::step`] gives it. Returns
+    /// the hidden state after every fed id, per sequence.
+    pub fn step_chain(&mut self, slots: &mut [&mut Slot], runs: &[&[u32]]) -> Result<Vec<Vec<Vec<f32>>>> {
+        let mut hidden: Vec<Vec<Vec<f32>>> = runs.iter().map(|r| Vec::with_capacity(r.len())).collect();
+        let mut prev = Vec::new();
         let mut ins = Vec::new();
-        for (i, (slot, &id)) in slots.iter_mut().zip(ids).enumerate() {
-            if slot.pos + 1 > self.context {
+        // (sequence, is the last set of its run) per set.
+        let mut sets = Vec::new();
+        for (i, (slot, run)) in slots.iter_mut().zip(runs).enumerate() {
+            if slot.pos + run.len() > self.context {
                 return Err(Error::ContextFull(format!(
-                    " position {} + 1 token exceeds --context {}",
-                    slot.pos, self.context
+                    " position {} + {} tokens exceeds --context {}",
+                    slot.pos,
+                    run.len(),
+                    self.context
                 )));
             }
-            if let Some(p) = self
-                .prefix
-                .as_ref()
-                .filter(|p| slot.pos == 0 && p.token == id)
-            {
-                for (name, heads, x) in p.entries() {
-                    if let Some(t) = slot.kv.get_mut(&name) {
-                        let mut v = t.flatten_all()?.to_vec1::<f32>()?;
-                        hexq_model::prefix::write_slot0(&mut v, heads, x);
-                        *t = Tensor::from_vec(v, t.dims(), &Device::Cpu)?;
+            let mut pos = slot.pos;
+            let mut last = None;
+            for (j, &id) in run.iter().enumerate() {
+                if let Some(p) = self.prefix.as_ref().filter(|p| pos == 0 && p.token == id) {
+                    for (name, heads, x) in p.entries() {
+                        if let Some(t) = slot.kv.get_mut(&name) {
+                            let mut v = t.flatten_all()?.to_vec1::<f32>()?;
+                            hexq_model::prefix::write_slot0(&mut v, heads, x);
+                            *t = Tensor::from_vec(v, t.dims(), &Device::Cpu)?;
+                        }
                     }
+                    pos = 1;
+                    hidden[i].push(p.hidden.clone());
+                    continue;
                 }
-                slot.pos = 1;
-                hidden[i] = p.hidden.clone();
-                continue;
+                let mut m = self.host_inputs_at(&[id], 1, pos)?;
+                m.insert("cache_position".into(), i64_tensor(vec![pos as i64], &[1])?);
+                if last.is_none() {
+                    // Moved, not shared: the interpreter frees each buffer after its last use.
+                    m.extend(slot.kv.drain());
+                }
+                prev.push(last);
+                last = Some(ins.len());
+                ins.push(m);
+                sets.push((i, j + 1 == run.len()));
+                pos += 1;
             }
-            let mut m = self.host_inputs_at(&[id], 1, slot.pos)?;
-            m.insert(
-                "cache_position".into(),
-                i64_tensor(vec![slot.pos as i64], &[1])?,
-            );
-            // Moved, not shared: the interpreter frees each buffer after its last use.
-            m.extend(slot.kv.drain());
-            run.push(i);
-            ins.push(m);
+            slot.pos = pos;
         }
         if ins.is_empty() {
             return Ok(hidden);
@@ -356,15 +377,15 @@ impl GraphBackend {
             .filter(|v| v.name.starts_with("past_"))
             .map(|v| v.name.clone())
             .collect();
-        let outs = self.decode.run_batch(ins, hook)?;
-        for (i, mut out) in run.into_iter().zip(outs) {
-            let slot = &mut slots[i];
-            for name in &names {
-                let present = name.replacen("past_", "present_", 1);
-                slot.kv.insert(name.clone(), out.remove(&present).unwrap());
+        let outs = self.decode.run_chained(ins, &prev, hook)?;
+        for ((i, end), mut out) in sets.into_iter().zip(outs) {
+            if end {
+                for name in &names {
+                    let present = name.replacen("past_", "present_", 1);
+                    slots[i].kv.insert(name.clone(), out.remove(&present).unwrap());
+                }
             }
-            slot.pos += 1;
-            hidden[i] = out["hidden_states"].flatten_all()?.to_vec1::<f32>()?;
+            hidden[i].push(out["hidden_states"].flatten_all()?.to_vec1::<f32>()?);
         }
         Ok(hidden)
     }

@@ -43,10 +43,15 @@ pub struct Args {
     /// Where the forward passes run.
     #[arg(long, value_enum, default_value_t = Engine::Interp)]
     pub engine: Engine,
-    /// Interpreter, decode graphs: prompts decoded side by side, one batched graph run per step (weights
-    /// read once per batch). The ranges are the same for every batch size.
+    /// Interpreter, decode graphs: decode steps per batched graph run (weights read once per batch) — prompts
+    /// side by side, and consecutive tokens of a prompt chained in one run. The ranges are the same for every
+    /// batch size.
     #[arg(long, default_value_t = 16, value_parser = super::positive)]
     pub batch: usize,
+    /// Prompts in flight at once (default: --batch). Each holds a KV cache of --context positions, so at
+    /// E2B size this is what bounds the memory; fewer prompts with longer chains keep the batch full.
+    #[arg(long, default_value_t = 0)]
+    pub sequences: usize,
     /// Batched decode calibration: every N prompts the stats so far go to `<out>.partial.json`; a run that
     /// finds that file (same model, graph, dataset and settings) continues from it. Removed at the end.
     #[arg(long, default_value_t = 64, value_parser = super::positive)]
@@ -108,6 +113,7 @@ impl Args {
             overrides: None,
             engine: Engine::Interp,
             batch: 16,
+            sequences: 0,
             checkpoint_every: 64,
             tokens_out: None,
             threads: 0,
@@ -137,6 +143,7 @@ pub fn run(a: Args) -> Result<()> {
         ignore_guards: a.ignore_guards,
         noise: a.noise,
         batch: a.batch,
+        sequences: a.sequences,
         checkpoint: Some(partial_path(&a.out)),
         checkpoint_every: a.checkpoint_every,
         tokens_out: a.tokens_out.clone(),
