@@ -119,6 +119,10 @@ pub struct RangeObserver {
 }
 
 impl Hook for RangeObserver {
+    fn observes_only(&self) -> bool {
+        self.capture.is_empty()
+    }
+
     /// A batch's tensors scanned in parallel, merged once (min/max/count merge order-free: the same ranges).
     fn tensors(&mut self, name: &str, ts: &[Tensor]) -> Vec<Option<Tensor>> {
         use rayon::prelude::*;

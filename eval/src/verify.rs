@@ -284,11 +284,13 @@ fn decode_batched(
         if jobs.is_empty() {
             break;
         }
-        let mut feed: Vec<(usize, u32)> = Vec::new();
+        // One position per job; the batch's spare rows go to prompt tokens, chained in one run (only the
+        // prompt's last position is scored).
+        let mut take = vec![0usize; jobs.len()];
+        let mut budget = batch.max(1);
         for (j, job) in jobs.iter_mut().enumerate() {
             if job.cur < job.ids.len() {
-                feed.push((j, job.ids[job.cur]));
-                job.cur += 1;
+                take[j] = 1;
             } else if job.steps_done < steps {
                 let res = job.res.as_mut().unwrap();
                 let nf = argmax(&job.logits[0]);
@@ -298,19 +300,43 @@ fn decode_batched(
                     res.greedy_agree_steps += 1;
                 }
                 job.steps_done += 1;
-                feed.push((j, nf));
+                job.ids.push(nf);
+                take[j] = 1;
+            }
+            budget = budget.saturating_sub(take[j]);
+        }
+        while budget > 0 {
+            let before = budget;
+            for (j, job) in jobs.iter().enumerate() {
+                if budget > 0 && take[j] > 0 && job.cur + take[j] < job.ids.len() {
+                    take[j] += 1;
+                    budget -= 1;
+                }
+            }
+            if budget == before {
+                break;
             }
         }
-        let (idx, ids): (Vec<usize>, Vec<u32>) = feed.into_iter().unzip();
+        let idx: Vec<usize> = (0..jobs.len()).filter(|&j| take[j] > 0).collect();
         let mut hs = Vec::new();
         for (k, b) in [&mut *f, &mut *q].into_iter().enumerate() {
-            let mut slots: Vec<&mut hexq_runtime::graph::Slot> = jobs
-                .iter_mut()
-                .enumerate()
-                .filter(|(j, _)| idx.binary_search(j).is_ok())
-                .map(|(_, job)| &mut job.slots[k])
+            let mut slots = Vec::new();
+            let mut runs: Vec<&[u32]> = Vec::new();
+            for (j, job) in jobs.iter_mut().enumerate() {
+                if take[j] > 0 {
+                    runs.push(&job.ids[job.cur..job.cur + take[j]]);
+                    slots.push(&mut job.slots[k]);
+                }
+            }
+            let h: Vec<Vec<f32>> = b
+                .step_chain(&mut slots, &runs)?
+                .into_iter()
+                .map(|mut h| h.pop().unwrap())
                 .collect();
-            hs.push(b.step_batch(&mut slots, &ids)?);
+            hs.push(h);
+        }
+        for &j in &idx {
+            jobs[j].cur += take[j];
         }
         // Logits where the prompt is through: the prefill figures, then each decode step's.
         let want: Vec<usize> = (0..idx.len())

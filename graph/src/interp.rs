@@ -78,6 +78,11 @@ pub trait Hook {
     fn weight_rows(&mut self, _name: &str, _w: &RowWeight) -> Option<RowWeight> {
         None
     }
+    /// True when the hook never replaces a tensor nor cares in which order it sees them (an observer of
+    /// order-free statistics): lets chained runs compute independent chains in parallel.
+    fn observes_only(&self) -> bool {
+        false
+    }
 }
 
 pub struct NoHook;
@@ -470,6 +475,64 @@ impl Interpreter {
             let name = &n.outputs[0];
             let t0 = std::time::Instant::now();
             chain.fill(k, n, &mut vals, hook)?;
+            if chain.sequential(k, n) && hook.observes_only() {
+                // Chains are independent: one per core, set by set inside each; observed afterwards (the
+                // hook changes nothing, so the order it sees them in cannot matter).
+                use rayon::prelude::*;
+                let mut chains: Vec<Vec<usize>> = Vec::new();
+                let mut of = vec![0usize; b];
+                for s in 0..b {
+                    match prev[s] {
+                        Some(p) => {
+                            of[s] = of[p];
+                            chains[of[p]].push(s);
+                        }
+                        None => {
+                            of[s] = chains.len();
+                            chains.push(vec![s]);
+                        }
+                    }
+                }
+                let carried: Vec<usize> = (0..n.inputs.len())
+                    .filter(|&x| chain.carry.get(&n.inputs[x]).is_some_and(|c| c.1 == k))
+                    .collect();
+                let done: Vec<Vec<(usize, Tensor)>> = chains
+                    .par_iter()
+                    .map(|c| {
+                        let mut out: Vec<(usize, Tensor)> = Vec::with_capacity(c.len());
+                        for &s in c {
+                            let mut ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(s)).collect();
+                            if prev[s].is_some() {
+                                for &x in &carried {
+                                    ins[x] = &out.last().unwrap().1;
+                                }
+                            }
+                            let r = eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))?;
+                            out.push((s, r));
+                        }
+                        Ok(out)
+                    })
+                    .collect::<Result<_>>()?;
+                let mut per: Vec<Option<Tensor>> = vec![None; b];
+                for (s, t) in done.into_iter().flatten() {
+                    per[s] = Some(t);
+                }
+                let per: Vec<Tensor> = per.into_iter().map(Option::unwrap).collect();
+                let fed: Vec<Tensor> = prev.iter().flatten().map(|&p| per[p].clone()).collect();
+                for &x in &carried {
+                    hook.tensors(&n.inputs[x], &fed);
+                }
+                hook.tensors(name, &per);
+                if profiling() {
+                    record(n.op.onnx_name(), t0);
+                }
+                vals.insert(name.clone(), Val::Per(per));
+                chain.release(k, prev, &mut vals);
+                for f in &self.frees[k] {
+                    vals.remove(f);
+                }
+                continue;
+            }
             if chain.sequential(k, n) {
                 // This node writes a present another set reads as its past: set by set, in chain order.
                 let mut per: Vec<Tensor> = Vec::with_capacity(b);
