@@ -149,13 +149,28 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
     for batch in ["1", "3"] {
         let ob = hexq(
             &[
-                "verify", "--model", MODEL, "--encodings", enc.to_str().unwrap(), "--stats",
-                st.to_str().unwrap(), "--limit", "8", "--steps", "4", "--json", "--batch", batch,
+                "verify",
+                "--model",
+                MODEL,
+                "--encodings",
+                enc.to_str().unwrap(),
+                "--stats",
+                st.to_str().unwrap(),
+                "--limit",
+                "8",
+                "--steps",
+                "4",
+                "--json",
+                "--batch",
+                batch,
             ],
             &[],
         );
         ok(&ob);
-        assert!(ob.stdout == o.stdout, "--batch {batch} changed the verify report");
+        assert!(
+            ob.stdout == o.stdout,
+            "--batch {batch} changed the verify report"
+        );
     }
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["prompts"], 8);

@@ -214,7 +214,6 @@ fn min_max(t: &Tensor) -> Option<(f32, f32)> {
     hexq_graph::interp::with_f32(t, hexq_model::weights::min_max).ok()
 }
 
-
 pub struct Options {
     pub variant: Variant,
     pub graph: GraphOptions,
@@ -705,17 +704,20 @@ mod tests {
     #[test]
     fn lane_min_max_equals_a_fold() {
         let fold = |v: &[f32]| {
-            v.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &x| {
-                let x = if x.is_nan() { f32::INFINITY } else { x };
-                (l.min(x), h.max(x))
-            })
+            v.iter()
+                .fold((f32::INFINITY, f32::NEG_INFINITY), |(l, h), &x| {
+                    let x = if x.is_nan() { f32::INFINITY } else { x };
+                    (l.min(x), h.max(x))
+                })
         };
         let mut s = 0x9e3779b97f4a7c15u64;
         for n in [0usize, 1, 15, 16, 17, 100, 1023] {
             for nan_at in [None, Some(0), Some(n / 2)] {
                 let mut v: Vec<f32> = (0..n)
                     .map(|_| {
-                        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        s = s
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
                         ((s >> 33) as f32 / (1u64 << 31) as f32 - 0.5) * 1e4
                     })
                     .collect();

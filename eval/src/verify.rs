@@ -233,7 +233,12 @@ fn prompt_by_prompt(
         let hf = f.hidden(&ids)?.pop().unwrap();
         let hq = q.hidden(&ids)?.pop().unwrap();
         let (lf, lq) = (f.logits(&hf)?, q.logits(&hq)?);
-        per.push(PromptResult::prefill(&r.id, ids.len(), (&hf, &lf), (&hq, &lq)));
+        per.push(PromptResult::prefill(
+            &r.id,
+            ids.len(),
+            (&hf, &lf),
+            (&hq, &lq),
+        ));
         pb.inc(1);
     }
     Ok(per)
@@ -354,7 +359,12 @@ fn decode_batched(
             match job.res.as_mut() {
                 None => {
                     let id = &prompts[job.index].0;
-                    job.res = Some(PromptResult::prefill(id, job.ids.len(), (hf, &lf), (hq, &lq)));
+                    job.res = Some(PromptResult::prefill(
+                        id,
+                        job.ids.len(),
+                        (hf, &lf),
+                        (hq, &lq),
+                    ));
                 }
                 Some(res) => {
                     res.step_cosine.push(cos(hf, hq));
@@ -365,7 +375,10 @@ fn decode_batched(
         }
         let mut j = 0;
         while j < jobs.len() {
-            if jobs[j].cur == jobs[j].ids.len() && jobs[j].steps_done == steps && jobs[j].res.is_some() {
+            if jobs[j].cur == jobs[j].ids.len()
+                && jobs[j].steps_done == steps
+                && jobs[j].res.is_some()
+            {
                 let job = jobs.remove(j);
                 per[job.index] = job.res;
                 pb.inc(1);

@@ -2,9 +2,11 @@
 //! ([`build`]), and the CPU interpreter every transformation is checked with ([`interp`]).
 
 pub mod build;
+mod chain;
 pub mod infer;
 pub mod interp;
 pub mod ir;
+mod ops;
 pub mod report;
 pub mod rowmm;
 

@@ -241,7 +241,6 @@ pub fn to_f32(b: &[u8], dt: DType) -> Vec<f32> {
     out
 }
 
-
 /// Min and max of a slice, NaN counted as +inf (an infinite range is visible; NaN would poison min/max
 /// silently), 16 lanes at a time (compare-and-select vectorizes; `f32::min` does not).
 /// Exact: min and max do not round, so lanes and order give the same answer as a sequential fold.

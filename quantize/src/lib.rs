@@ -771,17 +771,42 @@ mod round_tests {
     /// Bit-identical to `f32::round` on halves, near-halves, signs, zeros, large and non-finite values.
     #[test]
     fn round_half_away_is_f32_round() {
-        let mut v = vec![0.0f32, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.49999997, -0.49999997, 8388607.5,
-            -8388607.5, 8388608.0, 1e20, -1e20, f32::INFINITY, f32::NEG_INFINITY, 127.5, -128.5, 254.99998];
+        let mut v = vec![
+            0.0f32,
+            -0.0,
+            0.5,
+            -0.5,
+            1.5,
+            -1.5,
+            2.5,
+            -2.5,
+            0.49999997,
+            -0.49999997,
+            8388607.5,
+            -8388607.5,
+            8388608.0,
+            1e20,
+            -1e20,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            127.5,
+            -128.5,
+            254.99998,
+        ];
         let mut s = 1u64;
         for _ in 0..100_000 {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             v.push(f32::from_bits((s >> 32) as u32));
             v.push(((s >> 40) as f32 / 65536.0 - 128.0) * 2.0);
         }
         for x in v {
             let (a, b) = (super::round_half_away(x), x.round());
-            assert!(a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()), "{x}: {a} vs {b}");
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "{x}: {a} vs {b}"
+            );
         }
     }
 }

@@ -317,8 +317,13 @@ impl GraphBackend {
     /// `Interpreter::run_chained`: each position's KV feeds the next inside the call, the weight MatMuls
     /// take every position's row at once). Each step exactly what [`GraphBackend::step`] gives it. Returns
     /// the hidden state after every fed id, per sequence.
-    pub fn step_chain(&mut self, slots: &mut [&mut Slot], runs: &[&[u32]]) -> Result<Vec<Vec<Vec<f32>>>> {
-        let mut hidden: Vec<Vec<Vec<f32>>> = runs.iter().map(|r| Vec::with_capacity(r.len())).collect();
+    pub fn step_chain(
+        &mut self,
+        slots: &mut [&mut Slot],
+        runs: &[&[u32]],
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        let mut hidden: Vec<Vec<Vec<f32>>> =
+            runs.iter().map(|r| Vec::with_capacity(r.len())).collect();
         let mut prev = Vec::new();
         let mut ins = Vec::new();
         // (sequence, is the last set of its run) per set.
@@ -382,7 +387,9 @@ impl GraphBackend {
             if end {
                 for name in &names {
                     let present = name.replacen("past_", "present_", 1);
-                    slots[i].kv.insert(name.clone(), out.remove(&present).unwrap());
+                    slots[i]
+                        .kv
+                        .insert(name.clone(), out.remove(&present).unwrap());
                 }
             }
             hidden[i].push(out["hidden_states"].flatten_all()?.to_vec1::<f32>()?);
