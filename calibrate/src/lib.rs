@@ -642,18 +642,8 @@ pub fn decode_batched(
                 }
             }
         }
-        while budget > 0 {
-            let before = budget;
-            for (j, job) in jobs.iter().enumerate() {
-                if budget > 0 && take[j] > 0 && job.cur + take[j] < job.ids.len() {
-                    take[j] += 1;
-                    budget -= 1;
-                }
-            }
-            if budget == before {
-                break;
-            }
-        }
+        let left: Vec<usize> = jobs.iter().map(|job| job.ids.len() - job.cur).collect();
+        hexq_runtime::graph::spread(&mut take, &left, budget);
         let step: Vec<usize> = (0..jobs.len()).filter(|&j| take[j] > 0).collect();
         if step.is_empty() && finished.is_empty() {
             break;

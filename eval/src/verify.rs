@@ -310,18 +310,8 @@ fn decode_batched(
             }
             budget = budget.saturating_sub(take[j]);
         }
-        while budget > 0 {
-            let before = budget;
-            for (j, job) in jobs.iter().enumerate() {
-                if budget > 0 && take[j] > 0 && job.cur + take[j] < job.ids.len() {
-                    take[j] += 1;
-                    budget -= 1;
-                }
-            }
-            if budget == before {
-                break;
-            }
-        }
+        let left: Vec<usize> = jobs.iter().map(|job| job.ids.len() - job.cur).collect();
+        hexq_runtime::graph::spread(&mut take, &left, budget);
         let idx: Vec<usize> = (0..jobs.len()).filter(|&j| take[j] > 0).collect();
         let mut hs = Vec::new();
         for (k, b) in [&mut *f, &mut *q].into_iter().enumerate() {

@@ -18,6 +18,24 @@ pub struct Slot {
     pub pos: usize,
 }
 
+/// Positions per sequence for one [`GraphBackend::step_chain`] call: each sequence already given one
+/// (`take[i]` = 1) gets more, round by round, up to `left[i]` tokens it has ready, until `budget` extra
+/// positions are handed out — a lone long prompt gets them all.
+pub fn spread(take: &mut [usize], left: &[usize], mut budget: usize) {
+    while budget > 0 {
+        let before = budget;
+        for (t, &l) in take.iter_mut().zip(left) {
+            if budget > 0 && *t > 0 && *t < l {
+                *t += 1;
+                budget -= 1;
+            }
+        }
+        if budget == before {
+            break;
+        }
+    }
+}
+
 /// A generator of N embedding values (replacing the token lookup).
 pub type Noise = Box<dyn FnMut(usize) -> Vec<f32> + Send>;
 
