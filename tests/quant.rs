@@ -235,6 +235,46 @@ fn calibration_is_byte_identical_across_runs_thread_counts_and_batch_sizes() {
     }
 }
 
+/// Short rings for a long context (`hexq_graph::build::spanning`): at --context 1024 the prompts reach < 300
+/// positions, so calibration runs the decode graph with rings of that length — the stats file is
+/// byte-identical to running the full 1024-slot rings (`--full-rings`), names and element counts included,
+/// on Gemma-4 (KV sharing, PLE) and Gemma-3. (The trained model: `tests/trained.rs`.)
+#[test]
+fn short_rings_give_the_full_rings_stats_byte_for_byte() {
+    let t = tempfile::tempdir().unwrap();
+    for (k, m) in [MODEL, "tests/fixtures/tiny-gemma3"]
+        .into_iter()
+        .enumerate()
+    {
+        let run = |name: &str, extra: &[&str]| {
+            let p = t.path().join(name);
+            let mut a = vec![
+                "calibrate",
+                "--model",
+                m,
+                "--limit",
+                "12",
+                "--context",
+                "1024",
+            ];
+            a.extend(["--decode-tokens", "4", "--out", p.to_str().unwrap()]);
+            a.extend(extra);
+            ok(&hexq(&a, &[("HEXQ_PROFILE", "1")]));
+            std::fs::read(&p).unwrap()
+        };
+        let short = run(&format!("{k}-short.json"), &[]);
+        let full = run(&format!("{k}-full.json"), &["--full-rings"]);
+        assert!(short == full, "{m}: short rings changed the stats");
+        let s: Value = serde_json::from_slice(&short).unwrap();
+        assert_eq!(s["context"], 1024);
+        assert!(s["tensors"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.contains(".b1024")));
+    }
+}
+
 /// Resumable calibration: a run stopped right after its second checkpoint (8 of 12 prompts) leaves
 /// `<out>.partial.json` and no stats; the next run continues from it and writes stats byte-identical to an
 /// uninterrupted run's, removing the partial file.
@@ -439,6 +479,7 @@ fn encodings_match_aimet_within_one_lsb() {
         checkpoint: None,
         checkpoint_every: 1,
         tokens_out: None,
+        full_rings: false,
     };
     let pb = indicatif::ProgressBar::hidden();
     // AIMET's sequence: param encodings first, activations observed with the weights fake-quantized.

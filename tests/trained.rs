@@ -288,6 +288,36 @@ fn graphs_match_the_reference_on_the_trained_model() {
     }
 }
 
+/// Short rings on a trained model: calibration at --context 2048 runs rings as long as the prompts reach,
+/// and the stats are byte-identical to the full rings' (`--full-rings`) — the attention MatMuls and softmax
+/// sum in an order the ring length does not change (graph/src/dot.rs), so this holds on 18 real layers,
+/// not just on the tiny fixture (candle's gemm moved 45 of 1675 ranges by an ulp).
+#[test]
+fn short_rings_give_the_full_rings_stats_on_the_trained_model() {
+    let Some((_, dir)) = common::trained_gemma3() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let m = dir.to_str().unwrap();
+    let run = |name: &str, extra: &[&str]| {
+        let p = tmp.path().join(name);
+        let mut a = vec![
+            "calibrate",
+            "--model",
+            m,
+            "--limit",
+            "8",
+            "--context",
+            "2048",
+        ];
+        a.extend(["--decode-tokens", "4", "--out", p.to_str().unwrap()]);
+        a.extend(extra);
+        common::hexq_ok(&a);
+        std::fs::read(&p).unwrap()
+    };
+    assert!(run("short.json", &[]) == run("full.json", &["--full-rings"]));
+}
+
 /// A16W8 on the trained model, end to end through the CLI: calibrate on 16 chat-formatted prompts (4 decode
 /// tokens each), quantize, quantsim vs float on 6 held-out prompts × 4 greedy steps; then the QDQ export in
 /// onnxruntime vs quantsim on 4 of them. Measured (2026-12-03), with BOS on the host (hexq_model::prefix):

@@ -18,7 +18,7 @@ use hexq_model::{Checkpoint, Error, Result};
 use hexq_runtime::graph::GraphBackend;
 use hexq_runtime::Hidden;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -116,6 +116,20 @@ pub struct RangeObserver {
     /// Tensors whose every value is also kept (for independent judges of the encodings).
     pub capture: Arc<HashSet<String>>,
     pub captured: Arc<Mutex<BTreeMap<String, Vec<Vec<f32>>>>>,
+    /// Observing a shorter-ring graph for the full one ([`hexq_graph::build::Span::tensors`]): recorded
+    /// under the full graph's names with its element counts.
+    pub span: Arc<HashMap<String, (String, usize, usize)>>,
+}
+
+impl RangeObserver {
+    /// The full graph's name for `name` and the element count a tensor of `n` elements stands for.
+    fn full<'a>(&'a self, name: &'a str, n: usize) -> (&'a str, u64) {
+        match self.span.get(name) {
+            Some((full, a, b)) if *b > 0 => (full, (n / b * a) as u64),
+            Some((full, _, _)) => (full, n as u64),
+            None => (name, n as u64),
+        }
+    }
 }
 
 impl Hook for RangeObserver {
@@ -126,10 +140,11 @@ impl Hook for RangeObserver {
     /// A batch's tensors scanned in parallel, merged once (min/max/count merge order-free: the same ranges).
     fn tensors(&mut self, name: &str, ts: &[Tensor]) -> Vec<Option<Tensor>> {
         use rayon::prelude::*;
+        let this = self.clone();
         let work: usize = ts.iter().map(|t| t.elem_count()).sum();
         if ts.len() < 2
             || work < hexq_graph::interp::PAR_MIN
-            || self.skip.contains(name)
+            || self.skip.contains(self.full(name, 0).0)
             || !self.capture.is_empty()
         {
             return ts.iter().map(|t| self.tensor(name, t)).collect();
@@ -141,10 +156,11 @@ impl Hook for RangeObserver {
                 min_max(t).map(|(min, max)| Range {
                     min,
                     max,
-                    count: t.elem_count() as u64,
+                    count: this.full(name, t.elem_count()).1,
                 })
             })
             .collect();
+        let name = self.full(name, 0).0;
         let mut m = self.ranges.lock().unwrap();
         for r in rs {
             m.entry(name.to_string())
@@ -155,6 +171,8 @@ impl Hook for RangeObserver {
     }
 
     fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
+        let this = self.clone();
+        let (name, count) = this.full(name, t.elem_count());
         if t.dtype() != CD::F32 || self.skip.contains(name) {
             return None;
         }
@@ -171,7 +189,7 @@ impl Hook for RangeObserver {
         let r = Range {
             min: lo,
             max: hi,
-            count: t.elem_count() as u64,
+            count,
         };
         self.ranges
             .lock()
@@ -238,6 +256,9 @@ pub struct Options {
     /// Write the id sequences the decode loops fed (prompt + generated), one array per prompt (batched
     /// decode calibration; a resumed run writes the prompts it ran).
     pub tokens_out: Option<std::path::PathBuf>,
+    /// Run the decode graph at the full `graph.context` even when the prompts reach less far (see
+    /// [`hexq_graph::build::spanning`]: the same ranges, slower; for proving that).
+    pub full_rings: bool,
 }
 
 /// What a checkpoint holds: the settings it belongs to, how many prompts (in dataset order) are in it, and
@@ -333,7 +354,7 @@ pub fn calibrate_with(
     let g = build(cfg, o.variant, &o.graph);
     let graph_sha = g.content_hash();
     let skip: HashSet<String> = g.initializers.iter().map(|i| i.name.clone()).collect();
-    let obs = RangeObserver {
+    let mut obs = RangeObserver {
         skip: Arc::new(skip),
         ..obs
     };
@@ -357,13 +378,25 @@ pub fn calibrate_with(
                     eprintln!("calibrate: {what} at {:.1} s", t0.elapsed().as_secs_f64());
                 }
             };
-            interp = GraphBackend::for_model(
-                &ck,
-                decode_variant,
-                o.variant == Variant::Trunk,
-                &o.graph,
-            )?;
-            lap("graph backend");
+            let ids: Vec<Vec<u32>> = match batched {
+                true => recs
+                    .iter()
+                    .map(|r| prompt_ids(tok, r, o))
+                    .collect::<Result<_>>()?,
+                false => vec![],
+            };
+            // Rings as long as these prompts reach (plus a never-written slot): the same value sets.
+            let n = ids.iter().map(Vec::len).max().unwrap_or(0) + o.decode_tokens;
+            let span = (batched && !o.full_rings)
+                .then(|| hexq_graph::build::spanning(cfg, decode_variant, &o.graph, n))
+                .flatten();
+            let go = span.as_ref().map_or(o.graph, |s| s.options);
+            if let Some(s) = span {
+                obs.span = Arc::new(s.tensors);
+            }
+            interp =
+                GraphBackend::for_model(&ck, decode_variant, o.variant == Variant::Trunk, &go)?;
+            lap(&format!("graph backend (rings for context {})", go.context));
             if let Some(mut p) = params {
                 // Weights fake-quantized once, not on every decode call.
                 interp.bake(p.as_mut())?;
@@ -374,10 +407,6 @@ pub fn calibrate_with(
                 // Greedy picks come from the head's own rows (decode_batched): no [V, H] f32 copy.
                 interp.host = hexq_model::forward::Host::lookups(ck.clone())?;
                 lap("host lookups");
-                let ids: Vec<Vec<u32>> = recs
-                    .iter()
-                    .map(|r| prompt_ids(tok, r, o))
-                    .collect::<Result<_>>()?;
                 for p in &ids {
                     seen.extend(p.iter().copied().filter(|i| TEMPLATE_IDS.contains(i)));
                 }

@@ -167,23 +167,42 @@ pub fn verify(
     batch: usize,
     pb: &indicatif::ProgressBar,
 ) -> Result<Report> {
-    let mut f = backend(&ck, v, o)?;
-    let mut q = backend(&ck, v, o)?;
+    let prompts = match v {
+        Variant::Trunk => vec![],
+        _ => recs
+            .iter()
+            .map(|r| Ok((r.id.clone(), prompt_ids(tok, r, o.context, steps)?)))
+            .collect::<Result<Vec<_>>>()?,
+    };
+    // Decode graphs with rings as long as the prompts reach (the same figures; see `spanning`), the
+    // encodings applied under the full graph's names.
+    let reach = prompts.iter().map(|p| p.1.len()).max().unwrap_or(0) + steps;
+    let span = match v {
+        Variant::Trunk => None,
+        _ => hexq_graph::build::spanning(&ck.config, v, o, reach),
+    };
+    let go = span.as_ref().map_or(*o, |s| s.options);
+    let names: Arc<std::collections::HashMap<String, String>> = Arc::new(
+        span.map(|s| s.tensors.into_iter().map(|(k, v)| (k, v.0)).collect())
+            .unwrap_or_default(),
+    );
+    let renamed = |h: Box<dyn hexq_graph::interp::Hook + Send>| hexq_graph::interp::Renamed {
+        inner: h,
+        names: names.clone(),
+    };
+    let mut f = backend(&ck, v, &go)?;
+    let mut q = backend(&ck, v, &go)?;
     let obs = RangeObserver::default();
     // Params quantized once; activations as they are produced.
-    q.bake(&mut FakeQuant::params_of(enc))?;
-    q.hook = Some(Box::new(ObserveThenQuant(
+    q.bake(&mut renamed(Box::new(FakeQuant::params_of(enc))))?;
+    q.hook = Some(Box::new(renamed(Box::new(ObserveThenQuant(
         obs.clone(),
         FakeQuant::activations(enc),
-    )));
+    )))));
     pb.set_length(recs.len() as u64);
     let per = if v == Variant::Trunk {
         prompt_by_prompt(&mut f, &mut q, tok, recs, o, steps, pb)?
     } else {
-        let prompts = recs
-            .iter()
-            .map(|r| Ok((r.id.clone(), prompt_ids(tok, r, o.context, steps)?)))
-            .collect::<Result<Vec<_>>>()?;
         let head = hexq_runtime::graph::Head::of(&ck)?;
         decode_batched(&mut f, &mut q, &head, &prompts, steps, batch, pb)?
     };

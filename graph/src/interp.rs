@@ -91,6 +91,37 @@ pub trait Hook {
 pub struct NoHook;
 impl Hook for NoHook {}
 
+/// A hook that sees another graph's names: a shorter-ring stand-in's tensors
+/// ([`crate::build::Span`]) offered under the full graph's, so its encodings and observers apply.
+pub struct Renamed {
+    pub inner: Box<dyn Hook + Send>,
+    pub names: Arc<HashMap<String, String>>,
+}
+
+impl Renamed {
+    fn name<'a>(&'a self, n: &'a str) -> &'a str {
+        self.names.get(n).map_or(n, String::as_str)
+    }
+}
+
+impl Hook for Renamed {
+    fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
+        let n = self.name(name).to_string();
+        self.inner.tensor(&n, t)
+    }
+    fn tensors(&mut self, name: &str, ts: &[Tensor]) -> Vec<Option<Tensor>> {
+        let n = self.name(name).to_string();
+        self.inner.tensors(&n, ts)
+    }
+    fn weight_rows(&mut self, name: &str, w: &RowWeight) -> Option<RowWeight> {
+        let n = self.name(name).to_string();
+        self.inner.weight_rows(&n, w)
+    }
+    fn observes_only(&self) -> bool {
+        self.inner.observes_only()
+    }
+}
+
 pub struct Interpreter {
     pub graph: Graph,
     src: Arc<dyn WeightSource>,

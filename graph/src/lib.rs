@@ -3,6 +3,7 @@
 
 pub mod build;
 mod chain;
+mod dot;
 pub mod infer;
 pub mod interp;
 pub mod ir;

@@ -27,7 +27,10 @@ fn axis(a: i64, rank: usize) -> usize {
 /// One op on candle tensors, with ONNX's semantics (shapes were checked by `infer` when the graph was built).
 pub(crate) fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
     Ok(match op {
-        Op::MatMul => x[0].broadcast_matmul(x[1])?,
+        Op::MatMul => match crate::dot::matmul(x[0], x[1]) {
+            Some(t) => t?,
+            None => x[0].broadcast_matmul(x[1])?,
+        },
         Op::Add => x[0].broadcast_add(x[1])?,
         Op::Sub => x[0].broadcast_sub(x[1])?,
         Op::Mul => x[0].broadcast_mul(x[1])?,
@@ -58,6 +61,9 @@ pub(crate) fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result
         }
         Op::Softmax { axis: a } => {
             let a = axis(*a, x[0].rank());
+            if a + 1 == x[0].rank() && x[0].dtype() == CD::F32 {
+                return softmax_last(x[0]);
+            }
             let m = x[0].max_keepdim(a)?;
             let ex = x[0].broadcast_sub(&m)?.exp()?;
             ex.broadcast_div(&ex.sum_keepdim(a)?)?
@@ -155,6 +161,24 @@ fn where_slabs(
         })
     });
     Some(r.and_then(|r| r).and_then(|r| r))
+}
+
+/// Softmax over the last axis with the row sum in a fixed order (k ascending): a row padded with masked
+/// entries (exp → exactly 0) sums to the same bits, whatever the ring length (see `crate::dot`).
+fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
+    let n = x.dim(x.rank() - 1)?;
+    let v = with_f32(x, |v| {
+        let mut out = Vec::with_capacity(v.len());
+        for row in v.chunks_exact(n.max(1)) {
+            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let at = out.len();
+            out.extend(row.iter().map(|&t| (t - m).exp()));
+            let s: f32 = out[at..].iter().fold(0.0, |a, &e| a + e);
+            out[at..].iter_mut().for_each(|e| *e /= s);
+        }
+        out
+    })?;
+    Tensor::from_vec(v, x.dims(), &Device::Cpu)
 }
 
 /// `f` on an f32 tensor's values, read in place when contiguous.

@@ -63,6 +63,12 @@ pub struct Args {
     /// Worker threads for the weight multiplies (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Run the decode graph with rings of the full --context even when the prompts reach less far. By
+    /// default the rings are as long as the longest prompt + decode steps reach, plus a never-written slot:
+    /// the same ranges (a never-written slot's K/V, score and probability are the same values at any
+    /// length), at a fraction of the cost. For proving that.
+    #[arg(long)]
+    pub full_rings: bool,
     /// Turn the guards' refusals (raw-text records, no chat-template tokens, noise) into warnings.
     #[arg(long)]
     pub ignore_guards: bool,
@@ -117,6 +123,7 @@ impl Args {
             checkpoint_every: 64,
             tokens_out: None,
             threads: 0,
+            full_rings: false,
             ignore_guards: false,
             force: false,
             out,
@@ -147,6 +154,7 @@ pub fn run(a: Args) -> Result<()> {
         checkpoint: Some(partial_path(&a.out)),
         checkpoint_every: a.checkpoint_every,
         tokens_out: a.tokens_out.clone(),
+        full_rings: a.full_rings,
     };
     super::set_threads(a.threads);
     let (pe, mode) = match a.params {

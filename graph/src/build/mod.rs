@@ -21,6 +21,7 @@ use ctx::Ctx;
 use hexq_model::config::{AttnKind, KvMode, LayerSpec, ModelConfig};
 use hexq_model::names;
 use serde::Serialize;
+use std::collections::HashMap;
 
 /// The deployable variants: every command takes these names (dashes accepted for underscores).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -128,6 +129,96 @@ pub fn present_key(i: usize) -> String {
 }
 pub fn present_value(i: usize) -> String {
     format!("present_value_{i}")
+}
+
+/// A shorter-ring stand-in for a decode graph (see [`spanning`]).
+pub struct Span {
+    pub options: GraphOptions,
+    /// The tensors whose name carries the buffer length (e.g. `mask.b80.causal`) or whose size depends on
+    /// it: name here → (the full graph's name, elements there, elements here).
+    pub tensors: HashMap<String, (String, usize, usize)>,
+}
+
+/// For decode runs that write at most `positions` positions (0 .. positions − 1): the shortest context
+/// (rounded up to 16) whose graph computes the same value *sets* as `o`'s on those runs, with the renaming
+/// back to `o`'s tensor names — None when no shorter one does. Why this is exact: a ring slot never written
+/// holds zeros and is masked, so its key, score (q·0 + NEG), probability (exactly 0) and value are the same
+/// in every such slot; each ring keeps at least one (`positions` < its length), rings that would wrap keep
+/// their length, and the graphs must match node for node (ops, wiring up to the renaming; e.g.
+/// `decode_full` grows window masks only past the window). So every tensor's min/max is unchanged, and every
+/// output is the same up to adding exact zeros (`tests/quant.rs` holds the stats byte-identical). The ring
+/// write, attention and KV observers then cost `positions` instead of `context` per step.
+pub fn spanning(cfg: &ModelConfig, v: Variant, o: &GraphOptions, positions: usize) -> Option<Span> {
+    let need = (positions + 1).div_ceil(16) * 16;
+    let w = cfg.sliding_window.min(o.context);
+    let mut full: Option<Graph> = None;
+    for c in [need, need.max(w)] {
+        if c >= o.context {
+            break;
+        }
+        let s = GraphOptions { context: c, ..*o };
+        // Every ring keeps a never-written slot, or its length.
+        if !cfg.layers.iter().all(|l| {
+            let (a, b) = (kv_len(cfg, l, v, o), kv_len(cfg, l, v, &s));
+            a == b || b > positions
+        }) {
+            continue;
+        }
+        let f = full.get_or_insert_with(|| build(cfg, v, o));
+        let g = build(cfg, v, &s);
+        if let Some(m) = renaming(&g, f) {
+            let n = |g: &Graph, t: &str| g.types.get(t).map_or(0, |t| t.shape.iter().product());
+            let tensors = m
+                .into_iter()
+                .map(|(x, y)| {
+                    let (a, b) = (n(f, &y), n(&g, &x));
+                    (x, (y, a, b))
+                })
+                .filter(|(x, (y, a, b))| x != y || a != b)
+                .collect();
+            return Some(Span {
+                options: s,
+                tensors,
+            });
+        }
+    }
+    None
+}
+
+/// `a`'s names → `b`'s, when the two graphs match node for node up to that renaming.
+fn renaming(a: &Graph, b: &Graph) -> Option<HashMap<String, String>> {
+    let (ai, bi) = (&a.initializers, &b.initializers);
+    if a.inputs.len() != b.inputs.len() || ai.len() != bi.len() || a.nodes.len() != b.nodes.len() {
+        return None;
+    }
+    let mut m: HashMap<String, String> = HashMap::new();
+    for (x, y) in a.inputs.iter().zip(&b.inputs) {
+        if x.name != y.name {
+            return None;
+        }
+        m.insert(x.name.clone(), y.name.clone());
+    }
+    for (x, y) in ai.iter().zip(bi) {
+        m.insert(x.name.clone(), y.name.clone());
+    }
+    for (x, y) in a.nodes.iter().zip(&b.nodes) {
+        let wired = std::mem::discriminant(&x.op) == std::mem::discriminant(&y.op)
+            && x.inputs.len() == y.inputs.len()
+            && x.outputs.len() == y.outputs.len()
+            && x.inputs
+                .iter()
+                .zip(&y.inputs)
+                .all(|(p, q)| m.get(p) == Some(q));
+        if !wired {
+            return None;
+        }
+        for (p, q) in x.outputs.iter().zip(&y.outputs) {
+            if m.insert(p.clone(), q.clone()).is_some() {
+                return None;
+            }
+        }
+    }
+    Some(m)
 }
 
 /// Build one variant for a config.

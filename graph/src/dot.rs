@@ -1,0 +1,134 @@
+//! MatMul of two activations (attention's q·kᵀ and p·v) with every output element summed in an order fixed
+//! by the contraction index alone: not by the other operand's extent (candle's gemm picks its blocking from
+//! the shapes, so a score came out 1 ulp apart at 48 keys and at 4096). With it, a decode step computes the
+//! same bits whatever the ring length (trailing never-written slots add exact zeros), which is what lets
+//! calibration run short rings for long contexts ([`crate::build::spanning`]) and stay byte-identical.
+
+use crate::ops::with_f32;
+use candle_core::{DType as CD, Device, Tensor};
+
+const LANES: usize = 16;
+
+/// `a @ b` for f32 operands with equal batch dims, `a` any layout, `b` read in place when its last two
+/// axes are either contiguous along k (a transposed key ring) or along n (a value ring). None otherwise.
+pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Option<candle_core::Result<Tensor>> {
+    let (ad, bd) = (a.dims(), b.dims());
+    let r = ad.len();
+    if r < 2 || bd.len() != r || ad[..r - 2] != bd[..r - 2] || ad[r - 1] != bd[r - 2] {
+        return None;
+    }
+    if a.dtype() != CD::F32 || b.dtype() != CD::F32 {
+        return None;
+    }
+    let (m, k, n) = (ad[r - 2], ad[r - 1], bd[r - 1]);
+    let batch: usize = ad[..r - 2].iter().product();
+    let (st, layout) = b.storage_and_layout();
+    let candle_core::Storage::Cpu(candle_core::CpuStorage::F32(bv)) = &*st else {
+        return None;
+    };
+    let bs = layout.stride();
+    let (sk, sn) = (bs[r - 2], bs[r - 1]);
+    if sk != 1 && sn != 1 {
+        return None;
+    }
+    // Offset of each batch's [k, n] block (any strides on the batch axes).
+    let offs: Vec<usize> = (0..batch)
+        .map(|mut i| {
+            let mut o = layout.start_offset();
+            for ax in (0..r - 2).rev() {
+                o += (i % bd[ax]) * bs[ax];
+                i /= bd[ax];
+            }
+            o
+        })
+        .collect();
+    let r = with_f32(a, |av| {
+        let mut out = vec![0f32; batch * m * n];
+        for (bi, &o) in offs.iter().enumerate() {
+            for i in 0..m {
+                let x = &av[(bi * m + i) * k..(bi * m + i + 1) * k];
+                let y = &mut out[(bi * m + i) * n..(bi * m + i + 1) * n];
+                if sk == 1 {
+                    for (j, yj) in y.iter_mut().enumerate() {
+                        *yj = dot(x, &bv[o + j * sn..o + j * sn + k]);
+                    }
+                } else {
+                    // Row by row of b, k ascending: each element a plain running sum.
+                    for (kk, &s) in x.iter().enumerate() {
+                        let row = &bv[o + kk * sk..o + kk * sk + n];
+                        for (yj, &bj) in y.iter_mut().zip(row) {
+                            *yj += s * bj;
+                        }
+                    }
+                }
+            }
+        }
+        let mut dims = ad[..ad.len() - 1].to_vec();
+        dims.push(n);
+        Tensor::from_vec(out, dims, &Device::Cpu)
+    });
+    Some(r.and_then(|r| r))
+}
+
+/// Σ x·y in `LANES` running sums (lane = index mod LANES), then a fixed pairwise fold.
+fn dot(x: &[f32], y: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (cx, cy) = (x.chunks_exact(LANES), y.chunks_exact(LANES));
+    let (rx, ry) = (cx.remainder(), cy.remainder());
+    for (p, q) in cx.zip(cy) {
+        for l in 0..LANES {
+            acc[l] += p[l] * q[l];
+        }
+    }
+    for (l, (p, q)) in rx.iter().zip(ry).enumerate() {
+        acc[l] += p * q;
+    }
+    let mut w = LANES / 2;
+    while w > 0 {
+        for l in 0..w {
+            acc[l] += acc[l + w];
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Equal to candle's matmul within float rounding, for both layouts of b; and a score computed against
+    /// more keys (a longer ring, trailing zeros) is the same bits.
+    #[test]
+    fn fixed_order_matmul_matches_and_ignores_the_ring_length() -> candle_core::Result<()> {
+        let dev = Device::Cpu;
+        let q = Tensor::randn(0f32, 1.0, (1, 2, 4, 40), &dev)?;
+        let k = Tensor::randn(0f32, 1.0, (1, 2, 24, 40), &dev)?;
+        let kt = k.transpose(2, 3)?;
+        let s = matmul(&q, &kt).unwrap()?;
+        let want = q.matmul(&kt.contiguous()?)?;
+        let d = (&s - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(d < 1e-4, "{d}");
+        let p = Tensor::randn(0f32, 1.0, (1, 2, 4, 24), &dev)?;
+        let pv = matmul(&p, &k).unwrap()?;
+        let d = (&pv - p.matmul(&k)?)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()?;
+        assert!(d < 1e-4, "{d}");
+        // A ring of 64 slots whose last 40 were never written.
+        let long = Tensor::cat(&[&k, &Tensor::zeros((1, 2, 40, 40), CD::F32, &dev)?], 2)?;
+        let sl = matmul(&q, &long.transpose(2, 3)?).unwrap()?;
+        assert_eq!(
+            sl.narrow(3, 0, 24)?.flatten_all()?.to_vec1::<f32>()?,
+            s.flatten_all()?.to_vec1::<f32>()?
+        );
+        let pl = Tensor::cat(&[&p, &Tensor::zeros((1, 2, 4, 40), CD::F32, &dev)?], 3)?;
+        let pvl = matmul(&pl, &long).unwrap()?;
+        assert_eq!(
+            pvl.flatten_all()?.to_vec1::<f32>()?,
+            pv.flatten_all()?.to_vec1::<f32>()?
+        );
+        Ok(())
+    }
+}
