@@ -23,6 +23,10 @@ impl Hook for ObserveThenQuant {
         self.0.tensor(n, t);
         self.1.tensor(n, t)
     }
+    fn tensors(&mut self, n: &str, ts: &[Tensor]) -> Vec<Option<Tensor>> {
+        self.0.tensors(n, ts);
+        self.1.tensors(n, ts)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -182,6 +186,12 @@ pub fn verify(
         _ => hexq_graph::build::spanning(&ck.config, v, o, reach),
     };
     let go = span.as_ref().map_or(*o, |s| s.options);
+    if std::env::var_os("HEXQ_PROFILE").is_some() {
+        eprintln!(
+            "verify: rings for context {} (prompts reach {reach})",
+            go.context
+        );
+    }
     let names: Arc<std::collections::HashMap<String, String>> = Arc::new(
         span.map(|s| s.tensors.into_iter().map(|(k, v)| (k, v.0)).collect())
             .unwrap_or_default(),

@@ -44,6 +44,42 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Option<candle_core::Result<Tenso
         .collect();
     let r = with_f32(a, |av| {
         let mut out = vec![0f32; batch * m * n];
+        let shape = Shape { m, k, n, sk, sn };
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx512f") {
+            unsafe { kernel_avx512(av, bv, &offs, shape, &mut out) };
+        } else {
+            kernel(av, bv, &offs, shape, &mut out);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        kernel(av, bv, &offs, shape, &mut out);
+        let mut dims = ad[..ad.len() - 1].to_vec();
+        dims.push(n);
+        Tensor::from_vec(out, dims, &Device::Cpu)
+    });
+    Some(r.and_then(|r| r))
+}
+
+#[derive(Clone, Copy)]
+struct Shape {
+    m: usize,
+    k: usize,
+    n: usize,
+    sk: usize,
+    sn: usize,
+}
+
+/// [`kernel`] compiled for AVX-512 (the same operations in the same order, wider registers).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel_avx512(av: &[f32], bv: &[f32], offs: &[usize], s: Shape, out: &mut [f32]) {
+    kernel(av, bv, offs, s, out)
+}
+
+#[inline(always)]
+fn kernel(av: &[f32], bv: &[f32], offs: &[usize], s: Shape, out: &mut [f32]) {
+    let Shape { m, k, n, sk, sn } = s;
+    {
         for (bi, &o) in offs.iter().enumerate() {
             for i in 0..m {
                 let x = &av[(bi * m + i) * k..(bi * m + i + 1) * k];
@@ -63,14 +99,11 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Option<candle_core::Result<Tenso
                 }
             }
         }
-        let mut dims = ad[..ad.len() - 1].to_vec();
-        dims.push(n);
-        Tensor::from_vec(out, dims, &Device::Cpu)
-    });
-    Some(r.and_then(|r| r))
+    }
 }
 
 /// Σ x·y in `LANES` running sums (lane = index mod LANES), then a fixed pairwise fold.
+#[inline(always)]
 fn dot(x: &[f32], y: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let (cx, cy) = (x.chunks_exact(LANES), y.chunks_exact(LANES));

@@ -142,34 +142,58 @@ unsafe fn tile<const NR: usize, const NC: usize>(
     }
     for i in 0..NR {
         for j in 0..NC {
-            let mut a = [0f32; LANES];
-            _mm512_storeu_ps(a.as_mut_ptr(), acc[i][j]);
-            out[(r + i) * ncol + c + j] = reduce(a);
+            out[(r + i) * ncol + c + j] = reduce512(acc[i][j]);
         }
     }
+}
+
+/// [`reduce`]'s tree in registers: 8 (upper 256 bits onto lower), 4, 2, 1 — the same additions.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce512(v: std::arch::x86_64::__m512) -> f32 {
+    use std::arch::x86_64::*;
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let s8 = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn block_avx512(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, out: &mut [f32]) {
-    let (r4, c4) = (rows / 4 * 4, ncol / 4 * 4);
-    for r in (0..r4).step_by(4) {
+    // Row groups of MR (more input rows per widened weight vector), then 4, then 1.
+    let mut r = 0;
+    while r < rows {
+        let left = rows - r;
+        let nr = if left >= MR {
+            MR
+        } else if left >= 4 {
+            4
+        } else {
+            1
+        };
+        let c4 = ncol / 4 * 4;
         for c in (0..c4).step_by(4) {
-            tile::<4, 4>(x, w, inp, (r, c), ncol, out);
+            match nr {
+                MR => tile::<MR, 4>(x, w, inp, (r, c), ncol, out),
+                4 => tile::<4, 4>(x, w, inp, (r, c), ncol, out),
+                _ => tile::<1, 4>(x, w, inp, (r, c), ncol, out),
+            }
         }
         for c in c4..ncol {
-            tile::<4, 1>(x, w, inp, (r, c), ncol, out);
+            match nr {
+                MR => tile::<MR, 1>(x, w, inp, (r, c), ncol, out),
+                4 => tile::<4, 1>(x, w, inp, (r, c), ncol, out),
+                _ => tile::<1, 1>(x, w, inp, (r, c), ncol, out),
+            }
         }
-    }
-    for r in r4..rows {
-        for c in (0..c4).step_by(4) {
-            tile::<1, 4>(x, w, inp, (r, c), ncol, out);
-        }
-        for c in c4..ncol {
-            tile::<1, 1>(x, w, inp, (r, c), ncol, out);
-        }
+        r += nr;
     }
 }
+
+/// Input rows per register tile (× 4 weight rows: 24 accumulators + 4 weight vectors of 32 registers).
+const MR: usize = 6;
 
 #[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {

@@ -109,6 +109,24 @@ impl Hook for FakeQuant {
     }
 
     fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
+        self.quant(name, t)
+    }
+
+    /// A batch's tensors in parallel: each replacement is a function of its name and values alone.
+    fn tensors(&mut self, name: &str, ts: &[Tensor]) -> Vec<Option<Tensor>> {
+        use rayon::prelude::*;
+        let work: usize = ts.iter().map(|t| t.elem_count()).sum();
+        if ts.len() < 2 || work < hexq_graph::interp::PAR_MIN || !self.enc.contains_key(name) {
+            return ts.iter().map(|t| self.quant(name, t)).collect();
+        }
+        let me = &*self;
+        ts.par_iter().map(|t| me.quant(name, t)).collect()
+    }
+}
+
+impl FakeQuant {
+    /// [`Hook::tensor`]'s replacement, by reference (no state changes).
+    fn quant(&self, name: &str, t: &Tensor) -> Option<Tensor> {
         if let Some(l) = self.lpbq.get(name) {
             // [in, out] view of an [out, in] weight: quantize the rows, transpose back.
             let w = t.t().ok()?.contiguous().ok()?;
@@ -126,8 +144,10 @@ impl Hook for FakeQuant {
         }
         let dims = t.dims().to_vec();
         if e.len() == 1 {
-            let v: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;
-            let q: Vec<f32> = v.iter().map(|&x| self.fake(&e[0], x)).collect();
+            let q: Vec<f32> = hexq_graph::interp::with_f32(t, |v| {
+                v.iter().map(|&x| self.fake(&e[0], x)).collect()
+            })
+            .ok()?;
             return Tensor::from_vec(q, dims.as_slice(), &Device::Cpu).ok();
         }
         // Per-channel MatMul weight seen as the [in, out] view of an [out, in] tensor: channel = last axis.
