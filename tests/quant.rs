@@ -126,46 +126,19 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
         8
     );
     // Verify: A16W8 tracks float closely on the tiny model (measured: cosine ≥ 0.98, top-1 ≥ 80 %).
-    let o = hexq(
-        &[
-            "verify",
-            "--model",
-            MODEL,
-            "--encodings",
-            enc.to_str().unwrap(),
-            "--stats",
-            st.to_str().unwrap(),
-            "--limit",
-            "8",
-            "--steps",
-            "4",
-            "--json",
-        ],
-        &[],
-    );
+    let (ep, sp) = (enc.to_str().unwrap(), st.to_str().unwrap());
+    let verify = |extra: &[&str]| {
+        let mut a = vec!["verify", "--model", MODEL, "--encodings", ep, "--stats", sp];
+        a.extend(["--limit", "8", "--steps", "4", "--json"]);
+        a.extend(extra);
+        hexq(&a, &[])
+    };
+    let o = verify(&[]);
     ok(&o);
     // The batched engine (issue 20): one prompt at a time (--batch 1) and 3 side by side print the same
     // report, byte for byte, as the default batch (all 8 together).
     for batch in ["1", "3"] {
-        let ob = hexq(
-            &[
-                "verify",
-                "--model",
-                MODEL,
-                "--encodings",
-                enc.to_str().unwrap(),
-                "--stats",
-                st.to_str().unwrap(),
-                "--limit",
-                "8",
-                "--steps",
-                "4",
-                "--json",
-                "--batch",
-                batch,
-            ],
-            &[],
-        );
+        let ob = verify(&["--batch", batch]);
         ok(&ob);
         assert!(
             ob.stdout == o.stdout,

@@ -140,7 +140,6 @@ impl Hook for RangeObserver {
     /// A batch's tensors scanned in parallel, merged once (min/max/count merge order-free: the same ranges).
     fn tensors(&mut self, name: &str, ts: &[Tensor]) -> Vec<Option<Tensor>> {
         use rayon::prelude::*;
-        let this = self.clone();
         let work: usize = ts.iter().map(|t| t.elem_count()).sum();
         if ts.len() < 2
             || work < hexq_graph::interp::PAR_MIN
@@ -149,6 +148,7 @@ impl Hook for RangeObserver {
         {
             return ts.iter().map(|t| self.tensor(name, t)).collect();
         }
+        let me = &*self;
         let rs: Vec<Range> = ts
             .par_iter()
             .filter(|t| t.dtype() == CD::F32)
@@ -156,7 +156,7 @@ impl Hook for RangeObserver {
                 min_max(t).map(|(min, max)| Range {
                     min,
                     max,
-                    count: this.full(name, t.elem_count()).1,
+                    count: me.full(name, t.elem_count()).1,
                 })
             })
             .collect();
@@ -171,8 +171,7 @@ impl Hook for RangeObserver {
     }
 
     fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
-        let this = self.clone();
-        let (name, count) = this.full(name, t.elem_count());
+        let (name, count) = self.full(name, t.elem_count());
         if t.dtype() != CD::F32 || self.skip.contains(name) {
             return None;
         }

@@ -79,22 +79,20 @@ unsafe fn kernel_avx512(av: &[f32], bv: &[f32], offs: &[usize], s: Shape, out: &
 #[inline(always)]
 fn kernel(av: &[f32], bv: &[f32], offs: &[usize], s: Shape, out: &mut [f32]) {
     let Shape { m, k, n, sk, sn } = s;
-    {
-        for (bi, &o) in offs.iter().enumerate() {
-            for i in 0..m {
-                let x = &av[(bi * m + i) * k..(bi * m + i + 1) * k];
-                let y = &mut out[(bi * m + i) * n..(bi * m + i + 1) * n];
-                if sk == 1 {
-                    for (j, yj) in y.iter_mut().enumerate() {
-                        *yj = dot(x, &bv[o + j * sn..o + j * sn + k]);
-                    }
-                } else {
-                    // Row by row of b, k ascending: each element a plain running sum.
-                    for (kk, &s) in x.iter().enumerate() {
-                        let row = &bv[o + kk * sk..o + kk * sk + n];
-                        for (yj, &bj) in y.iter_mut().zip(row) {
-                            *yj += s * bj;
-                        }
+    for (bi, &o) in offs.iter().enumerate() {
+        for i in 0..m {
+            let x = &av[(bi * m + i) * k..(bi * m + i + 1) * k];
+            let y = &mut out[(bi * m + i) * n..(bi * m + i + 1) * n];
+            if sk == 1 {
+                for (j, yj) in y.iter_mut().enumerate() {
+                    *yj = dot(x, &bv[o + j * sn..o + j * sn + k]);
+                }
+            } else {
+                // Row by row of b, k ascending: each element a plain running sum.
+                for (kk, &s) in x.iter().enumerate() {
+                    let row = &bv[o + kk * sk..o + kk * sk + n];
+                    for (yj, &bj) in y.iter_mut().zip(row) {
+                        *yj += s * bj;
                     }
                 }
             }
