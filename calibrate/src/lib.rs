@@ -403,9 +403,6 @@ pub fn calibrate_with(
             lap("weights baked");
             interp.hook = Some(Box::new(obs.clone()));
             if batched {
-                // Greedy picks come from the head's own rows (decode_batched): no [V, H] f32 copy.
-                interp.host = hexq_model::forward::Host::lookups(ck.clone())?;
-                lap("host lookups");
                 for p in &ids {
                     seen.extend(p.iter().copied().filter(|i| TEMPLATE_IDS.contains(i)));
                 }

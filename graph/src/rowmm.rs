@@ -150,7 +150,7 @@ unsafe fn tile<const NR: usize, const NC: usize>(
 /// [`reduce`]'s tree in registers: 8 (upper 256 bits onto lower), 4, 2, 1 — the same additions.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn reduce512(v: std::arch::x86_64::__m512) -> f32 {
+pub(crate) unsafe fn reduce512(v: std::arch::x86_64::__m512) -> f32 {
     use std::arch::x86_64::*;
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     let s8 = _mm256_add_ps(_mm512_castps512_ps256(v), hi);

@@ -62,31 +62,17 @@ pub struct Host {
     pub ckpt: Arc<Checkpoint>,
     pub cfg: ModelConfig,
     dev: Device,
-    /// [V, H] f32, the tied (or untied) head; None for a lookups-only host ([`Host::lookups`]).
-    head: Option<Tensor>,
+    /// [V, H] f32, the tied (or untied) head, made when first used.
+    head: std::sync::OnceLock<Tensor>,
     embed_scale: f32,
     ple_scale: f32,
 }
 
 impl Host {
+    /// Lookups read rows from the mmap; the [V, H] f32 head (1.6 GB at E2B size) is made on the first
+    /// [`Host::lm_head`] call, so backends that never ask for logits (calibration's greedy picks use the
+    /// head's own rows) do not pay for it.
     pub fn load(ckpt: Arc<Checkpoint>) -> Result<Self> {
-        let mut h = Self::lookups(ckpt)?;
-        let head_name = if h.cfg.tie_word_embeddings {
-            names::EMBED
-        } else {
-            names::LM_HEAD
-        };
-        let hi = h.ckpt.info(head_name)?;
-        h.head = Some(Tensor::from_vec(
-            h.ckpt.store.to_f32(hi),
-            hi.shape.as_slice(),
-            &h.dev,
-        )?);
-        Ok(h)
-    }
-
-    /// Embedding lookups only, no head in memory (the [V, H] f32 head is 1.6 GB at E2B size).
-    pub fn lookups(ckpt: Arc<Checkpoint>) -> Result<Self> {
         let dev = Device::Cpu;
         let cfg = ckpt.config.clone();
         let embed_dt = ckpt.info(names::EMBED)?.dtype;
@@ -98,11 +84,26 @@ impl Host {
         Ok(Host {
             embed_scale: cfg.embed_scale(embed_dt),
             ple_scale: cfg.ple_embed_scale(ple_dt),
-            head: None,
+            head: std::sync::OnceLock::new(),
             cfg,
             dev,
             ckpt,
         })
+    }
+
+    fn head(&self) -> Result<&Tensor> {
+        if let Some(h) = self.head.get() {
+            return Ok(h);
+        }
+        let name = if self.cfg.tie_word_embeddings {
+            names::EMBED
+        } else {
+            names::LM_HEAD
+        };
+        let hi = self.ckpt.info(name)?;
+        let t = Tensor::from_vec(self.ckpt.store.to_f32(hi), hi.shape.as_slice(), &self.dev)?;
+        // A racing thread may have set it first: same values either way.
+        Ok(self.head.get_or_init(|| t))
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<()> {
@@ -165,9 +166,7 @@ impl Host {
 
     /// logits [S, V] = h @ E^T, then softcap c·tanh(x/c) when configured.
     pub fn lm_head(&self, h: &Tensor) -> Result<Tensor> {
-        let head = self.head.as_ref().ok_or_else(|| {
-            crate::Error::Usage("lm_head on a lookups-only host (Host::lookups)".into())
-        })?;
+        let head = self.head()?;
         let logits = mm_t(h, head)?;
         Ok(match self.cfg.final_logit_softcapping {
             Some(cap) => ((logits / cap)?.tanh()? * cap)?,
@@ -299,7 +298,7 @@ impl Model {
                 .iter()
                 .map(|(k, r)| (k.clone(), r.inv_freq()))
                 .collect(),
-            host: Host::lookups(ckpt.clone())?,
+            host: Host::load(ckpt.clone())?,
             layers: vec![],
             cfg,
             dev,

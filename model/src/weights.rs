@@ -245,6 +245,29 @@ pub fn to_f32(b: &[u8], dt: DType) -> Vec<f32> {
 /// silently), 16 lanes at a time (compare-and-select vectorizes; `f32::min` does not).
 /// Exact: min and max do not round, so lanes and order give the same answer as a sequential fold.
 pub fn min_max(v: &[f32]) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: the CPU has AVX-512F (checked once).
+        return unsafe { min_max_avx512(v) };
+    }
+    min_max_lanes(v)
+}
+
+/// [`min_max_lanes`] compiled for AVX-512 (the observer scans every activation of a calibration with it).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn min_max_avx512(v: &[f32]) -> (f32, f32) {
+    min_max_lanes(v)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::is_x86_feature_detected!("avx512f"))
+}
+
+#[inline(always)]
+fn min_max_lanes(v: &[f32]) -> (f32, f32) {
     const L: usize = 16;
     let (mut lo, mut hi, mut nan) = ([f32::INFINITY; L], [f32::NEG_INFINITY; L], [false; L]);
     let mut chunks = v.chunks_exact(L);
