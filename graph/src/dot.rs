@@ -181,9 +181,19 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx512f") {
             for (k, n) in [(256usize, 37usize), (40, 8), (512, 5), (7, 4), (16, 3)] {
-                let x: Vec<f32> = (0..k).map(|i| ((i * 37 % 101) as f32 - 50.3) * 0.013).collect();
-                let b: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.7) * 0.021).collect();
-                let s = Shape { m: 1, k, n, sk: 1, sn: k };
+                let x: Vec<f32> = (0..k)
+                    .map(|i| ((i * 37 % 101) as f32 - 50.3) * 0.013)
+                    .collect();
+                let b: Vec<f32> = (0..n * k)
+                    .map(|i| ((i * 53 % 97) as f32 - 48.7) * 0.021)
+                    .collect();
+                let s = Shape {
+                    m: 1,
+                    k,
+                    n,
+                    sk: 1,
+                    sn: k,
+                };
                 let mut fast = vec![0f32; n];
                 unsafe { kernel_avx512(&x, &b, &[0], s, &mut fast) };
                 let want: Vec<f32> = (0..n).map(|j| dot(&x, &b[j * k..(j + 1) * k])).collect();

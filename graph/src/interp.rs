@@ -50,12 +50,16 @@ impl WeightSource for Checkpoint {
             }
         };
         let rows = if info.dtype == hexq_model::weights::DType::BF16 {
+            use rayon::prelude::*;
             let b = self.store.bytes(info);
-            Rows::Bf16(
-                b.chunks_exact(2)
-                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                    .collect(),
-            )
+            let mut v = vec![0u16; b.len() / 2];
+            v.par_chunks_mut(1 << 16).enumerate().for_each(|(ci, o)| {
+                let s = &b[ci * (1 << 17)..];
+                for (i, x) in o.iter_mut().enumerate() {
+                    *x = u16::from_le_bytes([s[2 * i], s[2 * i + 1]]);
+                }
+            });
+            Rows::Bf16(v)
         } else {
             Rows::F32(self.f32(name)?)
         };

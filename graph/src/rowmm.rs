@@ -162,7 +162,26 @@ pub(crate) unsafe fn reduce512(v: std::arch::x86_64::__m512) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn block_avx512(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, out: &mut [f32]) {
-    // Row groups of MR (more input rows per widened weight vector), then 4, then 1.
+    // Short rows: 8 × 3 tiles (each widened weight vector feeds 8 FMAs). Long rows: 6 × 4, whose six rows
+    // of x stay nearer the core (8 rows of 6144 floats spill the caches: measured 142 vs 154 GFLOP/s).
+    if inp <= 2048 {
+        block_tiles::<8, 3>(x, rows, inp, w, ncol, out)
+    } else {
+        block_tiles::<6, 4>(x, rows, inp, w, ncol, out)
+    }
+}
+
+/// Row groups of MR (more input rows per widened weight vector), then 4, then 1; weight rows NC at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn block_tiles<const MR: usize, const NC: usize>(
+    x: &[f32],
+    rows: usize,
+    inp: usize,
+    w: Src,
+    ncol: usize,
+    out: &mut [f32],
+) {
     let mut r = 0;
     while r < rows {
         let left = rows - r;
@@ -173,27 +192,24 @@ unsafe fn block_avx512(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, 
         } else {
             1
         };
-        let c4 = ncol / 4 * 4;
-        for c in (0..c4).step_by(4) {
+        let cn = ncol / NC * NC;
+        for c in (0..cn).step_by(NC) {
             match nr {
-                MR => tile::<MR, 4>(x, w, inp, (r, c), ncol, out),
-                4 => tile::<4, 4>(x, w, inp, (r, c), ncol, out),
-                _ => tile::<1, 4>(x, w, inp, (r, c), ncol, out),
+                4 => tile::<4, NC>(x, w, inp, (r, c), ncol, out),
+                1 => tile::<1, NC>(x, w, inp, (r, c), ncol, out),
+                _ => tile::<MR, NC>(x, w, inp, (r, c), ncol, out),
             }
         }
-        for c in c4..ncol {
+        for c in cn..ncol {
             match nr {
-                MR => tile::<MR, 1>(x, w, inp, (r, c), ncol, out),
                 4 => tile::<4, 1>(x, w, inp, (r, c), ncol, out),
-                _ => tile::<1, 1>(x, w, inp, (r, c), ncol, out),
+                1 => tile::<1, 1>(x, w, inp, (r, c), ncol, out),
+                _ => tile::<MR, 1>(x, w, inp, (r, c), ncol, out),
             }
         }
         r += nr;
     }
 }
-
-/// Input rows per register tile (× 4 weight rows: 24 accumulators + 4 weight vectors of 32 registers).
-const MR: usize = 6;
 
 #[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {

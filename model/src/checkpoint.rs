@@ -116,6 +116,20 @@ impl Checkpoint {
         crate::names::fold(&self.config, rel).apply(out);
     }
 
+    /// Rows `[r0, r1)` of a 2-D decoder tensor as f32 in Gemma-4's form, into a reused buffer (per-row
+    /// scans of a whole weight without an f32 copy of it).
+    pub fn rows_f32_into(&self, info: &TensorInfo, r0: usize, r1: usize, out: &mut Vec<f32>) {
+        let cols: usize = info.shape[1..].iter().product();
+        let es = info.dtype.size();
+        let b = &self.store.bytes(info)[r0 * cols * es..r1 * cols * es];
+        crate::weights::to_f32_serial_into(b, info.dtype, out);
+        let rel = info
+            .name
+            .strip_prefix(self.config.prefix.as_str())
+            .unwrap_or(&info.name);
+        crate::names::fold(&self.config, rel).apply(out);
+    }
+
     /// Tokenizer file, if the checkpoint has one.
     pub fn tokenizer_path(&self) -> Option<PathBuf> {
         let p = self.dir.join("tokenizer.json");

@@ -315,25 +315,36 @@ pub fn to_f32_into(b: &[u8], dt: DType, out: &mut Vec<f32>) {
     // resize also shrinks; every element is overwritten below.
     out.resize(b.len() / dt.size(), 0.0);
     const CH: usize = 1 << 16;
+    let es = dt.size();
+    out.par_chunks_mut(CH)
+        .enumerate()
+        .for_each(|(ci, o)| convert(&b[ci * CH * es..], dt, o));
+}
+
+/// [`to_f32_into`] on the calling thread (small row ranges, already inside a parallel loop).
+pub fn to_f32_serial_into(b: &[u8], dt: DType, out: &mut Vec<f32>) {
+    out.resize(b.len() / dt.size(), 0.0);
+    convert(b, dt, out);
+}
+
+/// `o.len()` values from the front of `s`.
+fn convert(s: &[u8], dt: DType, o: &mut [f32]) {
     match dt {
-        DType::F32 => out.par_chunks_mut(CH).enumerate().for_each(|(ci, o)| {
-            let s = &b[ci * CH * 4..];
+        DType::F32 => {
             for (i, v) in o.iter_mut().enumerate() {
                 *v = f32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
             }
-        }),
-        DType::BF16 => out.par_chunks_mut(CH).enumerate().for_each(|(ci, o)| {
-            let s = &b[ci * CH * 2..];
+        }
+        DType::BF16 => {
             for (i, v) in o.iter_mut().enumerate() {
                 *v = bf16::from_bits(u16::from_le_bytes([s[2 * i], s[2 * i + 1]])).to_f32();
             }
-        }),
-        DType::F16 => out.par_chunks_mut(CH).enumerate().for_each(|(ci, o)| {
-            let s = &b[ci * CH * 2..];
+        }
+        DType::F16 => {
             for (i, v) in o.iter_mut().enumerate() {
                 *v = f16::from_bits(u16::from_le_bytes([s[2 * i], s[2 * i + 1]])).to_f32();
             }
-        }),
+        }
     }
 }
 

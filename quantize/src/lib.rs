@@ -410,34 +410,34 @@ pub fn param_encodings(
     let computed: Vec<Result<(String, Vec<Encoding>)>> = inits
         .par_iter()
         .map(|i| {
-            let vals: Vec<f32> = match &i.source {
-                InitSource::F32(v) => v.clone(),
-                InitSource::Weight { tensor, .. } => ck.f32(tensor)?,
-                InitSource::I64(_) => unreachable!(),
-            };
-            let (lo, hi) = hexq_model::weights::min_max(&vals);
-            if let Some(bad) = (!lo.is_finite() || !hi.is_finite())
-                .then(|| vals.iter().find(|v| !v.is_finite()))
-                .flatten()
-            {
-                return Err(Error::Encoding {
-                    tensor: i.name.clone(),
-                    msg: format!("non-finite value {bad} in the weights"),
-                });
-            }
             let rule = ov.find(Kind::Param, &i.name);
+            let nonfinite = |v: f32| Error::Encoding {
+                tensor: i.name.clone(),
+                msg: format!("non-finite value {v} in the weights"),
+            };
             if matmul_weights.contains(i.name.as_str()) {
                 if let InitSource::Weight {
-                    transpose: true, ..
+                    tensor,
+                    transpose: true,
                 } = &i.source
                 {
-                    // Checkpoint layout [out, in]: one encoding per output channel = per row.
+                    // Checkpoint layout [out, in]: one encoding per output channel = per row, each row's
+                    // range read from the stored bytes (no f32 copy of the weight).
                     let bw = rule.map(|r| r.bitwidth).unwrap_or(scheme.weight_bw);
-                    let cols = i.ty.shape[0];
-                    let e = vals
-                        .chunks(cols)
-                        .map(|row| {
-                            let (lo, hi) = hexq_model::weights::min_max(row);
+                    let ranges = row_ranges(ck, tensor)?;
+                    if let Some(r) = ranges
+                        .iter()
+                        .position(|(l, h)| !l.is_finite() || !h.is_finite())
+                    {
+                        let mut row = Vec::new();
+                        ck.rows_f32_into(ck.info(tensor)?, r, r + 1, &mut row);
+                        return Err(nonfinite(
+                            row.into_iter().find(|v| !v.is_finite()).unwrap_or(f32::NAN),
+                        ));
+                    }
+                    let e = ranges
+                        .iter()
+                        .map(|&(lo, hi)| {
                             Encoding::compute(
                                 bw,
                                 lo as f64,
@@ -448,6 +448,18 @@ pub fn param_encodings(
                         .collect();
                     return Ok((i.name.clone(), e));
                 }
+            }
+            let vals: Vec<f32> = match &i.source {
+                InitSource::F32(v) => v.clone(),
+                InitSource::Weight { tensor, .. } => ck.f32(tensor)?,
+                InitSource::I64(_) => unreachable!(),
+            };
+            let (lo, hi) = hexq_model::weights::min_max(&vals);
+            if let Some(bad) = (!lo.is_finite() || !hi.is_finite())
+                .then(|| vals.iter().find(|v| !v.is_finite()))
+                .flatten()
+            {
+                return Err(nonfinite(*bad));
             }
             let bw = rule.map(|r| r.bitwidth).unwrap_or(scheme.const_bw);
             Ok((
@@ -466,6 +478,24 @@ pub fn param_encodings(
         out.insert(n, e);
     }
     Ok(out)
+}
+
+/// (min, max) of every row of a 2-D checkpoint weight, rows in parallel through a reused buffer. NaN
+/// counts as +inf ([`hexq_model::weights::min_max`]).
+fn row_ranges(ck: &Checkpoint, tensor: &str) -> Result<Vec<(f32, f32)>> {
+    let info = ck.info(tensor)?;
+    let rows = info.shape[0];
+    const CH: usize = 16;
+    let ranges: Vec<Vec<(f32, f32)>> = (0..rows.div_ceil(CH))
+        .into_par_iter()
+        .map_init(Vec::new, |buf, c| {
+            let (r0, r1) = (c * CH, (c * CH + CH).min(rows));
+            ck.rows_f32_into(info, r0, r1, buf);
+            let cols = buf.len() / (r1 - r0);
+            buf.chunks(cols).map(hexq_model::weights::min_max).collect()
+        })
+        .collect();
+    Ok(ranges.concat())
 }
 
 /// LPBQ encodings of the MatMul weights whose input dimension `block` divides and that no override rule
