@@ -52,9 +52,10 @@ impl WeightSource for Checkpoint {
         let rows = if info.dtype == hexq_model::weights::DType::BF16 {
             use rayon::prelude::*;
             let b = self.store.bytes(info);
+            const CH: usize = 1 << 16;
             let mut v = vec![0u16; b.len() / 2];
-            v.par_chunks_mut(1 << 16).enumerate().for_each(|(ci, o)| {
-                let s = &b[ci * (1 << 17)..];
+            v.par_chunks_mut(CH).enumerate().for_each(|(ci, o)| {
+                let s = &b[ci * CH * 2..];
                 for (i, x) in o.iter_mut().enumerate() {
                     *x = u16::from_le_bytes([s[2 * i], s[2 * i + 1]]);
                 }

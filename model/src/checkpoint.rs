@@ -109,11 +109,16 @@ impl Checkpoint {
     /// [`Self::f32`] of a tensor into a reused buffer (streaming writers).
     pub fn f32_into(&self, info: &TensorInfo, out: &mut Vec<f32>) {
         crate::weights::to_f32_into(self.store.bytes(info), info.dtype, out);
+        self.fold(info, out);
+    }
+
+    /// Gemma-4's form of stored values ([`crate::names::fold`]; elementwise, so any slice of a tensor).
+    fn fold(&self, info: &TensorInfo, v: &mut [f32]) {
         let rel = info
             .name
             .strip_prefix(self.config.prefix.as_str())
             .unwrap_or(&info.name);
-        crate::names::fold(&self.config, rel).apply(out);
+        crate::names::fold(&self.config, rel).apply(v);
     }
 
     /// Rows `[r0, r1)` of a 2-D decoder tensor as f32 in Gemma-4's form, into a reused buffer (per-row
@@ -123,11 +128,7 @@ impl Checkpoint {
         let es = info.dtype.size();
         let b = &self.store.bytes(info)[r0 * cols * es..r1 * cols * es];
         crate::weights::to_f32_serial_into(b, info.dtype, out);
-        let rel = info
-            .name
-            .strip_prefix(self.config.prefix.as_str())
-            .unwrap_or(&info.name);
-        crate::names::fold(&self.config, rel).apply(out);
+        self.fold(info, out);
     }
 
     /// Tokenizer file, if the checkpoint has one.

@@ -246,8 +246,8 @@ pub fn to_f32(b: &[u8], dt: DType) -> Vec<f32> {
 /// Exact: min and max do not round, so lanes and order give the same answer as a sequential fold.
 pub fn min_max(v: &[f32]) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: the CPU has AVX-512F (checked once).
+    if std::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F.
         return unsafe { min_max_avx512(v) };
     }
     min_max_lanes(v)
@@ -258,12 +258,6 @@ pub fn min_max(v: &[f32]) -> (f32, f32) {
 #[target_feature(enable = "avx512f")]
 unsafe fn min_max_avx512(v: &[f32]) -> (f32, f32) {
     min_max_lanes(v)
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx512() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::is_x86_feature_detected!("avx512f"))
 }
 
 #[inline(always)]
