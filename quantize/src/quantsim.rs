@@ -171,6 +171,11 @@ impl FakeQuant {
             return None;
         }
         let dims = t.dims().to_vec();
+        if e.len() == 1 && !self.params {
+            let mut q = Vec::new();
+            hexq_graph::interp::with_f32(t, |v| e[0].fake_into(v, &mut q)).ok()?;
+            return Tensor::from_vec(q, dims.as_slice(), &Device::Cpu).ok();
+        }
         if e.len() == 1 {
             let q: Vec<f32> = hexq_graph::interp::with_f32(t, |v| {
                 v.iter().map(|&x| self.fake(&e[0], x)).collect()
