@@ -25,7 +25,7 @@ fn main() {
                 RowWeight {
                     out,
                     inp,
-                    rows: Rows::Q16 { q, scale },
+                    rows: Rows::per_channel(q, scale, inp),
                 },
             ),
             (
@@ -40,12 +40,13 @@ fn main() {
         // Cold: 16 copies of the weight cycled (≈ 300 MB, past the caches), as a model's layers stream by.
         let copies: Vec<RowWeight> = (0..16)
             .map(|_| match &forms[0].1.rows {
-                Rows::Q16 { q, scale } => RowWeight {
+                Rows::Q16 { q, scale, group } => RowWeight {
                     out,
                     inp,
                     rows: Rows::Q16 {
                         q: q.clone(),
                         scale: scale.clone(),
+                        group: *group,
                     },
                 },
                 _ => unreachable!(),

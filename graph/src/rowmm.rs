@@ -18,12 +18,38 @@ use rayon::prelude::*;
 pub enum Rows {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
-    /// Fake-quantized rows kept as their integers: row `j`'s value is `q as f32 · scale[j]` — bit for bit
-    /// the f32 quantize→dequantize value (`(q_u − zp)` is an exact integer), in 2 bytes instead of 4.
+    /// Fake-quantized rows kept as their integers: value `q as f32 · scale` — bit for bit the f32
+    /// quantize→dequantize value (`(q_u − zp)` is an exact integer), in 2 bytes instead of 4. One scale per
+    /// `group` inputs of each row (`scale[j · inp/group + k/group]`): `group == inp` is per channel; smaller
+    /// groups (a power of two ≥ 16 dividing `inp`: q4_0, LPBQ blocks) keep every 16-lane load in one group.
     Q16 {
         q: Vec<i16>,
         scale: Vec<f32>,
+        group: usize,
     },
+}
+
+impl Rows {
+    /// Per-channel integer rows (one scale per row).
+    pub fn per_channel(q: Vec<i16>, scale: Vec<f32>, inp: usize) -> Rows {
+        Rows::Q16 {
+            q,
+            scale,
+            group: inp,
+        }
+    }
+}
+
+/// (groups per row, shift taking an input index to its group) of a Q16 weight.
+fn groups(group: usize, inp: usize) -> (usize, u32) {
+    if group == inp {
+        return (1, 31); // k < 2^31: every k in group 0
+    }
+    assert!(
+        group >= LANES && group.is_power_of_two() && inp % group == 0,
+        "rowmm: group {group} must be a power of two ≥ {LANES} dividing {inp}"
+    );
+    (inp / group, group.trailing_zeros())
 }
 
 pub struct RowWeight {
@@ -79,7 +105,8 @@ fn block_ref(x: &[f32], rows: usize, inp: usize, w: &[f32], ncol: usize, out: &m
 enum Src {
     F32(*const f32),
     Bf16(*const u16),
-    Q16(*const i16, *const f32),
+    /// Integers, their scales from row 0 of the block, groups per row, group shift.
+    Q16(*const i16, *const f32, usize, u32),
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -95,10 +122,10 @@ impl Src {
                 let h = _mm256_maskz_loadu_epi16(m, p.add(at) as *const i16);
                 _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
             }
-            Src::Q16(p, sc) => {
+            Src::Q16(p, sc, ng, shift) => {
                 let h = _mm256_maskz_loadu_epi16(m, p.add(at));
                 let v = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(h));
-                _mm512_mul_ps(v, _mm512_set1_ps(*sc.add(row)))
+                _mm512_mul_ps(v, _mm512_set1_ps(*sc.add(row * ng + (k >> shift))))
             }
         }
     }
@@ -237,7 +264,10 @@ fn run_block(
         let src = match &w.rows {
             Rows::F32(v) => Src::F32(v[j0 * inp..].as_ptr()),
             Rows::Bf16(v) => Src::Bf16(v[j0 * inp..].as_ptr()),
-            Rows::Q16 { q, scale } => Src::Q16(q[j0 * inp..].as_ptr(), scale[j0..].as_ptr()),
+            Rows::Q16 { q, scale, group } => {
+                let (ng, shift) = groups(*group, inp);
+                Src::Q16(q[j0 * inp..].as_ptr(), scale[j0 * ng..].as_ptr(), ng, shift)
+            }
         };
         return unsafe { block_avx512(x, rows, inp, src, ncol, out) };
     }
@@ -249,12 +279,14 @@ fn run_block(
                 .map(|&b| f32::from_bits((b as u32) << 16))
                 .collect(),
         ),
-        Rows::Q16 { q, scale } => {
+        Rows::Q16 { q, scale, group } => {
+            let (ng, shift) = groups(*group, inp);
             let mut w = vec![0f32; ncol * inp];
             for (c, dst) in w.chunks_exact_mut(inp).enumerate() {
-                let (src, sc) = (&q[(j0 + c) * inp..(j0 + c + 1) * inp], scale[j0 + c]);
-                for (d, &v) in dst.iter_mut().zip(src) {
-                    *d = v as f32 * sc;
+                let src = &q[(j0 + c) * inp..(j0 + c + 1) * inp];
+                let sc = &scale[(j0 + c) * ng..(j0 + c + 1) * ng];
+                for (k, (d, &v)) in dst.iter_mut().zip(src).enumerate() {
+                    *d = v as f32 * sc[k >> shift];
                 }
             }
             std::borrow::Cow::Owned(w)
@@ -340,7 +372,7 @@ mod tests {
         let wq = RowWeight {
             out,
             inp,
-            rows: Rows::Q16 { q, scale: sc },
+            rows: Rows::per_channel(q.clone(), sc, inp),
         };
         let wqf = RowWeight {
             out,
@@ -348,6 +380,25 @@ mod tests {
             rows: Rows::F32(qf),
         };
         assert_eq!(matmul(&x, rows, &wq), matmul(&x, rows, &wqf));
+        // Group scales (16 and 32 inputs per scale): the same as f32 rows holding q · scale[group].
+        for g in [16usize, 32] {
+            let inp = 96;
+            let q: Vec<i16> = (0..out * inp).map(|i| (i as i64 * 31 % 15 - 7) as i16).collect();
+            let sc: Vec<f32> = (0..out * inp / g).map(|b| 1e-3 * (b % 13 + 1) as f32).collect();
+            let qf: Vec<f32> = (0..out * inp).map(|i| q[i] as f32 * sc[i / g]).collect();
+            let x = lcg(rows * inp, 3);
+            let wg = RowWeight {
+                out,
+                inp,
+                rows: Rows::Q16 { q, scale: sc, group: g },
+            };
+            let wf = RowWeight {
+                out,
+                inp,
+                rows: Rows::F32(qf),
+            };
+            assert_eq!(matmul(&x, rows, &wg), matmul(&x, rows, &wf), "group {g}");
+        }
         let mut reference = vec![0f32; rows * out];
         block_ref(&x, rows, inp, &widened, out, &mut reference);
         assert!(

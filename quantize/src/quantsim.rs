@@ -132,7 +132,7 @@ impl Hook for FakeQuant {
         Some(RowWeight {
             out: w.out,
             inp: w.inp,
-            rows: Rows::Q16 { q, scale },
+            rows: Rows::per_channel(q, scale, w.inp),
         })
     }
 
