@@ -15,6 +15,7 @@
 use candle_core::{Device, Tensor};
 use half::f16;
 use hexq_graph::interp::Hook;
+use hexq_graph::rowmm::{RowWeight, Rows};
 use hexq_model::names::{LayerTensor, Role};
 use hexq_quantize::Encoding;
 use std::collections::BTreeMap;
@@ -68,13 +69,14 @@ impl Scheme {
     }
 }
 
-/// q4_0's rule on one group: d = (value of largest magnitude) / -8, q = min(15, trunc(x/d + 8.5)), d in fp16.
-fn q4_group(x: &mut [f32]) {
+/// q4_0's rule on one group, in place: d = (value of largest magnitude) / -8, q = min(15, trunc(x/d + 8.5)),
+/// d in fp16. Returns the fp16 d as f32: every value is exactly `(q − 8) as f32 · d`.
+fn q4_group(x: &mut [f32]) -> f32 {
     if x.len() == 32 {
         let mut b = Vec::with_capacity(18);
         hexq_gguf::ggml::quantize_q4_0(x, &mut b).expect("finite weights");
         x.copy_from_slice(&hexq_gguf::ggml::dequantize_q4_0(&b));
-        return;
+        return f16::from_le_bytes([b[0], b[1]]).to_f32();
     }
     let (mut amax, mut max) = (0f32, 0f32);
     for &v in x.iter() {
@@ -90,34 +92,65 @@ fn q4_group(x: &mut [f32]) {
         let q = ((*v * id + 8.5) as i32).clamp(0, 15);
         *v = (q - 8) as f32 * dh;
     }
+    dh
 }
 
-/// Quantize→dequantize rows of an [out, in] matrix (row = one output channel, contiguous inputs).
-pub fn apply_grid(grid: Grid, w: &mut [f32], cols: usize) {
-    use rayon::prelude::*;
-    // As aimet-onnx's set_grouped_blockwise_quantization_for_weights (strict=False): a weight whose input
-    // dimension the block does not divide keeps the per-channel int4 grid.
-    let grid = match grid {
+/// The grid a weight with `cols` inputs gets. As aimet-onnx's set_grouped_blockwise_quantization_for_weights
+/// (strict=False): a weight whose input dimension the block does not divide keeps the per-channel int4 grid.
+fn resolve(grid: Grid, cols: usize) -> Grid {
+    match grid {
         Grid::Lpbq(b) if cols % b != 0 => Grid::PerChannel(4),
         g => g,
-    };
-    if let Grid::Lpbq(b) = grid {
-        w.par_chunks_mut(cols).for_each(|row| {
-            hexq_quantize::lpbq::encode(row, cols, b, 4, 4).fake(row, cols);
-        });
-        return;
     }
-    w.par_chunks_mut(cols).for_each(|row| match grid {
+}
+
+/// Quantize→dequantize one row (one output channel) on a resolved grid, in place. Returns the row's scales,
+/// one per `group` inputs (the last group may be short), and `group`: every value is exactly
+/// `(integer) as f32 · scale` in f32 — what lets [`GridHook`] keep the grid as integer rows.
+fn row_grid(grid: Grid, row: &mut [f32]) -> (Vec<f32>, usize) {
+    match grid {
         Grid::PerChannel(b) => {
             let (lo, hi) = row
                 .iter()
                 .fold((0f32, 0f32), |(a, c), &x| (a.min(x), c.max(x)));
             let e = Encoding::compute(b, lo as f64, hi as f64, true);
             row.iter_mut().for_each(|x| *x = e.fake_param(*x));
+            (vec![e.scale as f32], row.len())
         }
-        Grid::Group(g) => row.chunks_mut(g).for_each(q4_group),
-        Grid::Lpbq(_) => unreachable!(),
+        Grid::Group(g) => (row.chunks_mut(g).map(q4_group).collect(), g),
+        Grid::Lpbq(b) => {
+            let l = hexq_quantize::lpbq::encode(row, row.len(), b, 4, 4);
+            l.fake(row, row.len());
+            let s = l
+                .int_scale
+                .iter()
+                .map(|&i| (i as f64 * l.channel_scale[0]) as f32)
+                .collect();
+            (s, b)
+        }
+    }
+}
+
+/// Quantize→dequantize rows of an [out, in] matrix (row = one output channel, contiguous inputs).
+pub fn apply_grid(grid: Grid, w: &mut [f32], cols: usize) {
+    use rayon::prelude::*;
+    let grid = resolve(grid, cols);
+    w.par_chunks_mut(cols).for_each(|row| {
+        row_grid(grid, row);
     });
+}
+
+/// A gridded row's integers: `q[k] as f32 · scale[k / group] == row[k]` for every k, or None.
+fn row_ints(row: &[f32], scale: &[f32], group: usize, q: &mut [i16]) -> bool {
+    for (k, (d, &v)) in q.iter_mut().zip(row).enumerate() {
+        let s = scale[k / group];
+        let i = if s != 0.0 { (v / s).round() } else { 0.0 };
+        if !(i.abs() <= 255.0) || i * s != v {
+            return false;
+        }
+        *d = i as i16;
+    }
+    true
 }
 
 /// A MatMul weight's class (its view name `….weight.T` or the checkpoint name), from the tensor table.
@@ -183,7 +216,89 @@ fn seed_for(layer: usize, norm: LayerTensor) -> u64 {
     layer as u64 * 1000 + if norm == LayerTensor::InputNorm { 1 } else { 2 }
 }
 
+impl GridHook {
+    /// The grid (if any) this weight gets under the scheme.
+    fn grid_for(&self, name: &str) -> Option<Grid> {
+        let sc = self.scheme.as_ref()?;
+        (!(sc.mlp_only && class_of(name) != "mlp")).then_some(sc.grid)
+    }
+
+    fn add_sqnr(&self, class: &'static str, s: f64, n: f64, count: u64) {
+        let mut m = self.sqnr.lock().unwrap();
+        let e = m.entry(class).or_insert((0.0, 0.0, 0));
+        e.0 += s;
+        e.1 += n;
+        e.2 += count;
+    }
+}
+
 impl Hook for GridHook {
+    /// A MatMul weight's rows on the grid, kept as integers and per-group scales (`Rows::Q16`, exactly the
+    /// gridded f32 values; 2 bytes a weight instead of 4 — what lets an E2B decoder sit in memory per scheme).
+    /// Heavy-tail scaling first, then the grid; f32 rows when a grid's values are not integer × scale.
+    fn weight_rows(&mut self, name: &str, w: &RowWeight) -> Option<RowWeight> {
+        use rayon::prelude::*;
+        let grid = self.grid_for(name).map(|g| resolve(g, w.inp));
+        let heavy = self.heavy_tail.then(|| norm_of(name)).flatten();
+        if grid.is_none() && heavy.is_none() {
+            return None;
+        }
+        let hs = heavy.map(|(l, norm)| heavy_scales(seed_for(l, norm), w.inp));
+        let mut f = vec![0f32; w.out * w.inp];
+        let mut q = vec![0i16; if grid.is_some() { w.out * w.inp } else { 0 }];
+        let mut scales: Vec<Vec<f32>> = vec![Vec::new(); w.out];
+        // Per row: (Σx², Σ(x−q)², group).
+        let per: Vec<(f64, f64, usize)> = f
+            .par_chunks_mut(w.inp)
+            .zip(scales.par_iter_mut())
+            .enumerate()
+            .map(|(j, (row, sc))| {
+                let src = j * w.inp..(j + 1) * w.inp;
+                match &w.rows {
+                    Rows::F32(v) => row.copy_from_slice(&v[src]),
+                    Rows::Bf16(v) => row
+                        .iter_mut()
+                        .zip(&v[src])
+                        .for_each(|(d, &b)| *d = f32::from_bits((b as u32) << 16)),
+                    Rows::Q16 { .. } => unreachable!("checkpoint rows are f32 or bf16"),
+                }
+                if let Some(s) = &hs {
+                    row.iter_mut().zip(s).for_each(|(x, s)| *x *= s);
+                }
+                let Some(g) = grid else {
+                    return (0.0, 0.0, 0);
+                };
+                let before = row.to_vec();
+                let (s, group) = row_grid(g, row);
+                let (ss, nn) = before.iter().zip(row.iter()).fold((0f64, 0f64), |(s, n), (a, b)| {
+                    (s + (*a as f64).powi(2), n + ((a - b) as f64).powi(2))
+                });
+                *sc = s;
+                (ss, nn, group)
+            })
+            .collect();
+        let Some(_) = grid else {
+            return Some(RowWeight { out: w.out, inp: w.inp, rows: Rows::F32(f) });
+        };
+        let (ss, nn) = per.iter().fold((0f64, 0f64), |(a, b), r| (a + r.0, b + r.1));
+        self.add_sqnr(class_of(name), ss, nn, f.len() as u64);
+        let group = per[0].2;
+        // rowmm's groups: the whole row, or a power of two ≥ 16 dividing it.
+        let fits = group == w.inp || (group >= 16 && group.is_power_of_two() && w.inp % group == 0);
+        let ints = fits
+            && q
+                .par_chunks_mut(w.inp)
+                .zip(f.par_chunks(w.inp))
+                .zip(scales.par_iter())
+                .all(|((q, row), sc)| row_ints(row, sc, group, q));
+        let rows = if ints {
+            Rows::Q16 { q, scale: scales.concat(), group }
+        } else {
+            Rows::F32(f)
+        };
+        Some(RowWeight { out: w.out, inp: w.inp, rows })
+    }
+
     fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
         let dims = t.dims().to_vec();
         if self.heavy_tail && dims.len() == 1 {
@@ -266,112 +381,197 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
-fn log_softmax(v: &[f32]) -> Vec<f64> {
-    let m = v.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let z = v.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
-    v.iter().map(|&x| x as f64 - z).collect()
-}
 
 use crate::verify::cos;
 
-/// Run every scheme over the token sequences (teacher-forced, all positions) against float.
+/// Float's figures at one position, kept for every scheme's comparison.
+struct FloatAt {
+    logits: Vec<f32>,
+    /// log Σ exp(logits), f64.
+    lse: f64,
+    hidden: Vec<f32>,
+}
+
+/// One scheme's figures at one position against float.
+#[derive(Clone, Copy, Default)]
+struct At {
+    agree: bool,
+    kl: f64,
+    cos: f64,
+    /// −log p(next token), when there is one.
+    nll: Option<f64>,
+}
+
+fn lse(v: &[f32]) -> f64 {
+    let m = v.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    v.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m
+}
+
+/// Every position of every sequence through `b` (teacher-forced decode steps, continuous batching: `batch`
+/// positions per chained run of the decode graph, a finished sequence's place taken by the next), logits by
+/// the batched head; `each(seq, pos, hidden, logits)` in parallel as rows come out. Each position's values
+/// are what one sequence alone gives (`step_chain` and [`hexq_runtime::graph::Head`] are exact per row).
+fn teacher_forced(
+    b: &mut hexq_runtime::graph::GraphBackend,
+    head: &hexq_runtime::graph::Head,
+    seqs: &[Vec<u32>],
+    batch: usize,
+    pb: &indicatif::ProgressBar,
+    each: &(dyn Fn(usize, usize, &[f32], &[f32]) + Sync),
+) -> hexq_model::Result<()> {
+    use rayon::prelude::*;
+    // (sequence, next position, slot)
+    let mut jobs: Vec<(usize, usize, hexq_runtime::graph::Slot)> = Vec::new();
+    let mut next = 0;
+    loop {
+        while jobs.len() < batch && next < seqs.len() {
+            if !seqs[next].is_empty() {
+                jobs.push((next, 0, b.new_slot()));
+            }
+            next += 1;
+        }
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let mut take = vec![1usize; jobs.len()];
+        let left: Vec<usize> = jobs.iter().map(|j| seqs[j.0].len() - j.1).collect();
+        hexq_runtime::graph::spread(&mut take, &left, batch.saturating_sub(jobs.len()));
+        let runs: Vec<&[u32]> = jobs
+            .iter()
+            .zip(&take)
+            .map(|(j, &t)| &seqs[j.0][j.1..j.1 + t])
+            .collect();
+        let mut slots: Vec<&mut hexq_runtime::graph::Slot> =
+            jobs.iter_mut().map(|j| &mut j.2).collect();
+        let hs = b.step_chain(&mut slots, &runs)?;
+        // (sequence, position, hidden) per row, in order.
+        let rows: Vec<(usize, usize, &[f32])> = jobs
+            .iter()
+            .zip(&hs)
+            .flat_map(|(j, h)| h.iter().enumerate().map(move |(k, h)| (j.0, j.1 + k, h.as_slice())))
+            .collect();
+        let hrefs: Vec<&[f32]> = rows.iter().map(|r| r.2).collect();
+        let ls = head.logits(&hrefs);
+        rows.par_iter()
+            .zip(ls.par_iter())
+            .for_each(|(&(s, p, h), l)| each(s, p, h, l));
+        pb.inc(rows.len() as u64);
+        for (j, t) in jobs.iter_mut().zip(&take) {
+            j.1 += t;
+        }
+        jobs.retain(|j| j.1 < seqs[j.0].len());
+    }
+}
+
+/// Run every scheme over the token sequences (teacher-forced, all positions) against float: one batched
+/// pass of the decode graph for float (its logits kept), then one per scheme scored on the fly.
 pub fn ablate(
     ck: &std::sync::Arc<hexq_model::Checkpoint>,
     seqs: &[Vec<u32>],
     schemes: &[Scheme],
     heavy_tail: bool,
     o: &hexq_graph::GraphOptions,
+    batch: usize,
     pb: &indicatif::ProgressBar,
 ) -> hexq_model::Result<Report> {
     use hexq_graph::Variant;
     use hexq_runtime::graph::GraphBackend;
-    let run = |scheme: Option<Scheme>| -> hexq_model::Result<(Vec<Vec<Vec<f32>>>, Vec<Vec<Vec<f32>>>, Sqnr)> {
-        let sqnr: Sqnr = Default::default();
-        let mut b = GraphBackend::for_model(ck, Variant::DecodeWgqa, true, o)?;
-        b.bake(&mut GridHook { scheme, heavy_tail, sqnr: sqnr.clone() })?;
-        let (mut hs, mut ls) = (Vec::new(), Vec::new());
-        for ids in seqs {
-            hexq_runtime::Backend::reset(&mut b);
-            let h = b.hidden(ids)?;
-            let l = h.iter().map(|x| b.logits(x)).collect::<hexq_runtime::Result<Vec<_>>>()?;
-            hs.push(h);
-            ls.push(l);
-        }
-        pb.inc(1);
-        Ok((hs, ls, sqnr))
-    };
-    let ppl = |ls: &[Vec<Vec<f32>>]| {
-        let (mut nll, mut n) = (0f64, 0usize);
-        for (l, ids) in ls.iter().zip(seqs) {
-            for p in 0..ids.len().saturating_sub(1) {
-                nll -= log_softmax(&l[p])[ids[p + 1] as usize];
-                n += 1;
-            }
-        }
-        (nll / n.max(1) as f64).exp()
-    };
-    let (fh, fl, _) = run(None)?;
+    let batch = batch.max(1);
+    // Rings as long as the sequences reach (the same figures; see `build::spanning`), hooks under the full
+    // graph's names.
+    let reach = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
+    let span = hexq_graph::build::spanning(&ck.config, Variant::DecodeWgqa, o, reach);
+    let go = span.as_ref().map_or(*o, |s| s.options);
+    let names: Arc<std::collections::HashMap<String, String>> = Arc::new(
+        span.map(|s| s.tensors.into_iter().map(|(k, v)| (k, v.0)).collect())
+            .unwrap_or_default(),
+    );
+    let head = hexq_runtime::graph::Head::of(ck)?;
     let positions: usize = seqs.iter().map(|s| s.len()).sum();
-    // Parameter accounting from the tensor table.
+    pb.set_length(((schemes.len() + 1) * positions) as u64);
+    let backend = |scheme: Option<Scheme>| -> hexq_model::Result<(GraphBackend, Sqnr)> {
+        let sqnr: Sqnr = Default::default();
+        let mut b = GraphBackend::for_model(ck, Variant::DecodeWgqa, false, &go)?;
+        if scheme.is_some() || heavy_tail {
+            b.bake(&mut hexq_graph::interp::Renamed {
+                inner: Box::new(GridHook { scheme, heavy_tail, sqnr: sqnr.clone() }),
+                names: names.clone(),
+            })?;
+        }
+        Ok((b, sqnr))
+    };
+    // Float: logits, log-sum-exp and hidden state at every position.
+    let slots: Vec<Vec<Mutex<Option<FloatAt>>>> =
+        seqs.iter().map(|s| s.iter().map(|_| Mutex::new(None)).collect()).collect();
+    {
+        let (mut b, _) = backend(None)?;
+        teacher_forced(&mut b, &head, seqs, batch, pb, &|s, p, h, l| {
+            *slots[s][p].lock().unwrap() = Some(FloatAt { logits: l.to_vec(), lse: lse(l), hidden: h.to_vec() });
+        })?;
+    }
+    let float: Vec<Vec<FloatAt>> = slots
+        .into_iter()
+        .map(|v| v.into_iter().map(|m| m.into_inner().unwrap().unwrap()).collect())
+        .collect();
+    let ppl = |nll: &mut dyn Iterator<Item = f64>| {
+        let (mut sum, mut n) = (0f64, 0usize);
+        for x in nll {
+            sum += x;
+            n += 1;
+        }
+        (sum / n.max(1) as f64).exp()
+    };
+    let next_nll = |s: usize, p: usize, l: &[f32], z: f64| {
+        seqs[s].get(p + 1).map(|&t| z - l[t as usize] as f64)
+    };
+    let float_perplexity = ppl(&mut seqs.iter().enumerate().flat_map(|(s, ids)| {
+        let float = &float;
+        (0..ids.len()).filter_map(move |p| next_nll(s, p, &float[s][p].logits, float[s][p].lse))
+    }));
     let mut rows = Vec::new();
     for sc in schemes {
-        let (qh, ql, sq) = run(Some(sc.clone()))?;
-        let (mut agree, mut kl, mut cs) = (0usize, 0f64, 0f64);
-        for s in 0..seqs.len() {
-            for p in 0..seqs[s].len() {
-                let (a, b) = (&fl[s][p], &ql[s][p]);
-                agree +=
-                    (hexq_model::forward::argmax(a) == hexq_model::forward::argmax(b)) as usize;
-                let (la, lb) = (log_softmax(a), log_softmax(b));
-                kl += la
-                    .iter()
-                    .zip(&lb)
-                    .map(|(x, y)| x.exp() * (x - y))
-                    .sum::<f64>();
-                cs += cos(&fh[s][p], &qh[s][p]);
-            }
-        }
+        let (mut b, sq) = backend(Some(sc.clone()))?;
+        let at: Vec<Vec<Mutex<At>>> =
+            seqs.iter().map(|s| s.iter().map(|_| Mutex::new(At::default())).collect()).collect();
+        teacher_forced(&mut b, &head, seqs, batch, pb, &|s, p, h, l| {
+            let f = &float[s][p];
+            let zq = lse(l);
+            let kl = f
+                .logits
+                .iter()
+                .zip(l)
+                .map(|(&a, &b)| {
+                    let la = a as f64 - f.lse;
+                    la.exp() * (la - (b as f64 - zq))
+                })
+                .sum::<f64>();
+            *at[s][p].lock().unwrap() = At {
+                agree: hexq_model::forward::argmax(&f.logits) == hexq_model::forward::argmax(l),
+                kl,
+                cos: cos(&f.hidden, h),
+                nll: next_nll(s, p, l, zq),
+            };
+        })?;
+        drop(b);
+        let at: Vec<At> = at.into_iter().flatten().map(|m| m.into_inner().unwrap()).collect();
+        let n = positions.max(1) as f64;
         let mut sqnr: BTreeMap<String, f64> = sq
             .lock()
             .unwrap()
             .iter()
             .map(|(k, (s, n, _))| (k.to_string(), sqnr_db(*s, *n)))
             .collect();
-        // Embeddings (host-side tables; SQNR only — the accuracy columns quantize the decoder).
-        let e = ck.f32(hexq_model::names::EMBED)?;
-        let mut q = e.clone();
-        apply_grid(sc.grid, &mut q, ck.config.hidden_size);
-        let (s, n) = e.iter().zip(&q).fold((0f64, 0f64), |(s, n), (a, b)| {
-            (s + (*a as f64).powi(2), n + ((a - b) as f64).powi(2))
-        });
-        sqnr.insert("embeddings".into(), sqnr_db(s, n));
-        let (mut bits, mut params) = (0f64, 0f64);
-        let mut bytes = 0f64;
-        for (spec, _) in &ck.tensors {
-            if spec.role.is_vocab() {
-                continue;
-            }
-            let n = spec.numel() as f64;
-            let quantized = spec.shape.len() == 2
-                && !(sc.mlp_only && spec.role != hexq_model::names::Role::Mlp);
-            if quantized {
-                let b = sc.bpw(spec.shape[1]);
-                bits += b * n;
-                params += n;
-                bytes += b * n / 8.0;
-            } else {
-                bytes += 2.0 * n;
-            }
-        }
+        sqnr.insert("embeddings".into(), embedding_sqnr(ck, sc.grid)?);
+        let (bits_per_weight, decoder_mib) = accounting(ck, sc);
         rows.push(Row {
             scheme: sc.name.clone(),
-            bits_per_weight: bits / params.max(1.0),
-            decoder_mib: bytes / (1u64 << 20) as f64,
+            bits_per_weight,
+            decoder_mib,
             sqnr_db: sqnr,
-            top1_agreement: agree as f64 / positions as f64,
-            kl_mean: kl / positions as f64,
-            perplexity: ppl(&ql),
-            hidden_cosine_mean: cs / positions as f64,
+            top1_agreement: at.iter().filter(|a| a.agree).count() as f64 / n,
+            kl_mean: at.iter().map(|a| a.kl).sum::<f64>() / n,
+            perplexity: ppl(&mut at.iter().filter_map(|a| a.nll)),
+            hidden_cosine_mean: at.iter().map(|a| a.cos).sum::<f64>() / n,
         });
     }
     Ok(Report {
@@ -379,9 +579,57 @@ pub fn ablate(
         heavy_tail,
         prompts: seqs.len(),
         positions,
-        float_perplexity: ppl(&fl),
+        float_perplexity,
         rows,
     })
+}
+
+/// Embeddings (host-side tables; SQNR only — the accuracy columns quantize the decoder), in row blocks so
+/// an E2B table never sits in f32 whole.
+fn embedding_sqnr(ck: &hexq_model::Checkpoint, grid: Grid) -> hexq_model::Result<f64> {
+    use hexq_graph::interp::WeightSource;
+    use rayon::prelude::*;
+    let e = ck.rows(hexq_model::names::EMBED)?;
+    let grid = resolve(grid, e.inp);
+    let (s, n) = (0..e.out)
+        .into_par_iter()
+        .map_init(Vec::new, |row, j| {
+            row.clear();
+            let src = j * e.inp..(j + 1) * e.inp;
+            match &e.rows {
+                Rows::F32(v) => row.extend_from_slice(&v[src]),
+                Rows::Bf16(v) => row.extend(v[src].iter().map(|&b| f32::from_bits((b as u32) << 16))),
+                Rows::Q16 { .. } => unreachable!("checkpoint rows are f32 or bf16"),
+            }
+            let before = row.clone();
+            row_grid(grid, row);
+            before.iter().zip(row.iter()).fold((0f64, 0f64), |(s, n), (a, b)| {
+                (s + (*a as f64).powi(2), n + ((a - b) as f64).powi(2))
+            })
+        })
+        .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+    Ok(sqnr_db(s, n))
+}
+
+/// (bits per quantized weight, decoder MiB) from the tensor table: quantized 2-D weights at the scheme's
+/// bits/weight, the rest bf16; host-side vocab tables excluded.
+fn accounting(ck: &hexq_model::Checkpoint, sc: &Scheme) -> (f64, f64) {
+    let (mut bits, mut params, mut bytes) = (0f64, 0f64, 0f64);
+    for (spec, _) in &ck.tensors {
+        if spec.role.is_vocab() {
+            continue;
+        }
+        let n = spec.numel() as f64;
+        if spec.shape.len() == 2 && !(sc.mlp_only && spec.role != Role::Mlp) {
+            let b = sc.bpw(spec.shape[1]);
+            bits += b * n;
+            params += n;
+            bytes += b * n / 8.0;
+        } else {
+            bytes += 2.0 * n;
+        }
+    }
+    (bits / params.max(1.0), bytes / (1u64 << 20) as f64)
 }
 
 impl Report {

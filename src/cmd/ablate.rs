@@ -1,6 +1,6 @@
 //! `hexq ablate`: weights-only grids vs float, side by side (table, JSON/CSV, SVG plot).
 
-use super::{count_progress, model_dir};
+use super::{model_dir, position_progress};
 use anyhow::Result;
 use hexq_eval::ablate::{ablate, Scheme};
 use hexq_graph::GraphOptions;
@@ -31,6 +31,13 @@ pub struct Args {
     pub heavy_tail: bool,
     #[arg(long, default_value_t = 512, value_parser = super::positive)]
     pub context: usize,
+    /// Positions per batched run of the decode graph (weights read once per batch). The figures are the
+    /// same for every batch size.
+    #[arg(long, default_value_t = 16, value_parser = super::positive)]
+    pub batch: usize,
+    /// Worker threads for the weight multiplies (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
     #[arg(long)]
     pub json: bool,
     #[arg(long)]
@@ -57,6 +64,8 @@ impl Args {
             limit,
             heavy_tail: false,
             context,
+            batch: 16,
+            threads: 0,
             json: false,
             csv: false,
             plot: None,
@@ -81,13 +90,13 @@ pub fn run(a: Args) -> Result<()> {
         };
         seqs.push(ids.into_iter().take(a.context).collect::<Vec<u32>>());
     }
-    let pb = count_progress("ablate");
-    pb.set_length(a.schemes.len() as u64 + 1);
+    super::set_threads(a.threads);
+    let pb = position_progress("ablate");
     let o = GraphOptions {
         context: a.context,
         seq: 128,
     };
-    let rep = ablate(&ck, &seqs, &a.schemes, a.heavy_tail, &o, &pb)?;
+    let rep = ablate(&ck, &seqs, &a.schemes, a.heavy_tail, &o, a.batch, &pb)?;
     pb.finish_and_clear();
     if let Some(p) = &a.plot {
         hexq_fsutil::write_atomic(p, rep.svg().as_bytes())?;

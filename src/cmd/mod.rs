@@ -92,6 +92,15 @@ pub fn count_progress(msg: &str) -> indicatif::ProgressBar {
     bar(0, msg, "{msg} [{bar:40}] {pos}/{len} prompts, eta {eta}")
 }
 
+/// A position-counting progress bar with throughput (ablate: every position of every pass).
+pub fn position_progress(msg: &str) -> indicatif::ProgressBar {
+    bar(
+        0,
+        msg,
+        "{msg} [{bar:40}] {pos}/{len} positions, {per_sec}, eta {eta}",
+    )
+}
+
 fn bar(len: u64, msg: &str, template: &str) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new(len);
     pb.set_style(
