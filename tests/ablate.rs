@@ -92,3 +92,27 @@ fn ablation_table_and_granularity_finding() {
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(s.starts_with("<svg") && s.contains("q4_0-g32"));
 }
+
+/// The batched passes are batch-invariant: one position per run and 64 per run print the same report.
+#[test]
+fn ablation_report_does_not_depend_on_the_batch() {
+    let run = |batch: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_hexq"))
+            .current_dir(root())
+            .args([
+                "ablate",
+                "--limit",
+                "4",
+                "--schemes",
+                "int4-pc,q4_0-g32,lpbq-b64",
+                "--json",
+                "--batch",
+                batch,
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o.stdout
+    };
+    assert_eq!(run("1"), run("64"));
+}

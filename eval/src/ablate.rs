@@ -270,33 +270,49 @@ impl Hook for GridHook {
                 };
                 let before = row.to_vec();
                 let (s, group) = row_grid(g, row);
-                let (ss, nn) = before.iter().zip(row.iter()).fold((0f64, 0f64), |(s, n), (a, b)| {
-                    (s + (*a as f64).powi(2), n + ((a - b) as f64).powi(2))
-                });
+                let (ss, nn) = before
+                    .iter()
+                    .zip(row.iter())
+                    .fold((0f64, 0f64), |(s, n), (a, b)| {
+                        (s + (*a as f64).powi(2), n + ((a - b) as f64).powi(2))
+                    });
                 *sc = s;
                 (ss, nn, group)
             })
             .collect();
         let Some(_) = grid else {
-            return Some(RowWeight { out: w.out, inp: w.inp, rows: Rows::F32(f) });
+            return Some(RowWeight {
+                out: w.out,
+                inp: w.inp,
+                rows: Rows::F32(f),
+            });
         };
-        let (ss, nn) = per.iter().fold((0f64, 0f64), |(a, b), r| (a + r.0, b + r.1));
+        let (ss, nn) = per
+            .iter()
+            .fold((0f64, 0f64), |(a, b), r| (a + r.0, b + r.1));
         self.add_sqnr(class_of(name), ss, nn, f.len() as u64);
         let group = per[0].2;
         // rowmm's groups: the whole row, or a power of two ≥ 16 dividing it.
         let fits = group == w.inp || (group >= 16 && group.is_power_of_two() && w.inp % group == 0);
         let ints = fits
-            && q
-                .par_chunks_mut(w.inp)
+            && q.par_chunks_mut(w.inp)
                 .zip(f.par_chunks(w.inp))
                 .zip(scales.par_iter())
                 .all(|((q, row), sc)| row_ints(row, sc, group, q));
         let rows = if ints {
-            Rows::Q16 { q, scale: scales.concat(), group }
+            Rows::Q16 {
+                q,
+                scale: scales.concat(),
+                group,
+            }
         } else {
             Rows::F32(f)
         };
-        Some(RowWeight { out: w.out, inp: w.inp, rows })
+        Some(RowWeight {
+            out: w.out,
+            inp: w.inp,
+            rows,
+        })
     }
 
     fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
@@ -381,7 +397,6 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
-
 use crate::verify::cos;
 
 /// Float's figures at one position, kept for every scheme's comparison.
@@ -448,7 +463,11 @@ fn teacher_forced(
         let rows: Vec<(usize, usize, &[f32])> = jobs
             .iter()
             .zip(&hs)
-            .flat_map(|(j, h)| h.iter().enumerate().map(move |(k, h)| (j.0, j.1 + k, h.as_slice())))
+            .flat_map(|(j, h)| {
+                h.iter()
+                    .enumerate()
+                    .map(move |(k, h)| (j.0, j.1 + k, h.as_slice()))
+            })
             .collect();
         let hrefs: Vec<&[f32]> = rows.iter().map(|r| r.2).collect();
         let ls = head.logits(&hrefs);
@@ -494,24 +513,38 @@ pub fn ablate(
         let mut b = GraphBackend::for_model(ck, Variant::DecodeWgqa, false, &go)?;
         if scheme.is_some() || heavy_tail {
             b.bake(&mut hexq_graph::interp::Renamed {
-                inner: Box::new(GridHook { scheme, heavy_tail, sqnr: sqnr.clone() }),
+                inner: Box::new(GridHook {
+                    scheme,
+                    heavy_tail,
+                    sqnr: sqnr.clone(),
+                }),
                 names: names.clone(),
             })?;
         }
         Ok((b, sqnr))
     };
     // Float: logits, log-sum-exp and hidden state at every position.
-    let slots: Vec<Vec<Mutex<Option<FloatAt>>>> =
-        seqs.iter().map(|s| s.iter().map(|_| Mutex::new(None)).collect()).collect();
+    let slots: Vec<Vec<Mutex<Option<FloatAt>>>> = seqs
+        .iter()
+        .map(|s| s.iter().map(|_| Mutex::new(None)).collect())
+        .collect();
     {
         let (mut b, _) = backend(None)?;
         teacher_forced(&mut b, &head, seqs, batch, pb, &|s, p, h, l| {
-            *slots[s][p].lock().unwrap() = Some(FloatAt { logits: l.to_vec(), lse: lse(l), hidden: h.to_vec() });
+            *slots[s][p].lock().unwrap() = Some(FloatAt {
+                logits: l.to_vec(),
+                lse: lse(l),
+                hidden: h.to_vec(),
+            });
         })?;
     }
     let float: Vec<Vec<FloatAt>> = slots
         .into_iter()
-        .map(|v| v.into_iter().map(|m| m.into_inner().unwrap().unwrap()).collect())
+        .map(|v| {
+            v.into_iter()
+                .map(|m| m.into_inner().unwrap().unwrap())
+                .collect()
+        })
         .collect();
     let ppl = |nll: &mut dyn Iterator<Item = f64>| {
         let (mut sum, mut n) = (0f64, 0usize);
@@ -531,8 +564,10 @@ pub fn ablate(
     let mut rows = Vec::new();
     for sc in schemes {
         let (mut b, sq) = backend(Some(sc.clone()))?;
-        let at: Vec<Vec<Mutex<At>>> =
-            seqs.iter().map(|s| s.iter().map(|_| Mutex::new(At::default())).collect()).collect();
+        let at: Vec<Vec<Mutex<At>>> = seqs
+            .iter()
+            .map(|s| s.iter().map(|_| Mutex::new(At::default())).collect())
+            .collect();
         teacher_forced(&mut b, &head, seqs, batch, pb, &|s, p, h, l| {
             let f = &float[s][p];
             let zq = lse(l);
@@ -553,7 +588,11 @@ pub fn ablate(
             };
         })?;
         drop(b);
-        let at: Vec<At> = at.into_iter().flatten().map(|m| m.into_inner().unwrap()).collect();
+        let at: Vec<At> = at
+            .into_iter()
+            .flatten()
+            .map(|m| m.into_inner().unwrap())
+            .collect();
         let n = positions.max(1) as f64;
         let mut sqnr: BTreeMap<String, f64> = sq
             .lock()
@@ -598,14 +637,19 @@ fn embedding_sqnr(ck: &hexq_model::Checkpoint, grid: Grid) -> hexq_model::Result
             let src = j * e.inp..(j + 1) * e.inp;
             match &e.rows {
                 Rows::F32(v) => row.extend_from_slice(&v[src]),
-                Rows::Bf16(v) => row.extend(v[src].iter().map(|&b| f32::from_bits((b as u32) << 16))),
+                Rows::Bf16(v) => {
+                    row.extend(v[src].iter().map(|&b| f32::from_bits((b as u32) << 16)))
+                }
                 Rows::Q16 { .. } => unreachable!("checkpoint rows are f32 or bf16"),
             }
             let before = row.clone();
             row_grid(grid, row);
-            before.iter().zip(row.iter()).fold((0f64, 0f64), |(s, n), (a, b)| {
-                (s + (*a as f64).powi(2), n + ((a - b) as f64).powi(2))
-            })
+            before
+                .iter()
+                .zip(row.iter())
+                .fold((0f64, 0f64), |(s, n), (a, b)| {
+                    (s + (*a as f64).powi(2), n + ((a - b) as f64).powi(2))
+                })
         })
         .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
     Ok(sqnr_db(s, n))

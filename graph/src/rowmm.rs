@@ -383,14 +383,22 @@ mod tests {
         // Group scales (16 and 32 inputs per scale): the same as f32 rows holding q · scale[group].
         for g in [16usize, 32] {
             let inp = 96;
-            let q: Vec<i16> = (0..out * inp).map(|i| (i as i64 * 31 % 15 - 7) as i16).collect();
-            let sc: Vec<f32> = (0..out * inp / g).map(|b| 1e-3 * (b % 13 + 1) as f32).collect();
+            let q: Vec<i16> = (0..out * inp)
+                .map(|i| (i as i64 * 31 % 15 - 7) as i16)
+                .collect();
+            let sc: Vec<f32> = (0..out * inp / g)
+                .map(|b| 1e-3 * (b % 13 + 1) as f32)
+                .collect();
             let qf: Vec<f32> = (0..out * inp).map(|i| q[i] as f32 * sc[i / g]).collect();
             let x = lcg(rows * inp, 3);
             let wg = RowWeight {
                 out,
                 inp,
-                rows: Rows::Q16 { q, scale: sc, group: g },
+                rows: Rows::Q16 {
+                    q,
+                    scale: sc,
+                    group: g,
+                },
             };
             let wf = RowWeight {
                 out,

@@ -830,13 +830,26 @@ mod round_tests {
     /// The vectorized fake-quant equals `fake` bit for bit (ties, NaN, infinities, zeros, far outside).
     #[test]
     fn fake_into_equals_fake_bit_for_bit() {
-        for (bw, lo, hi, sym) in [(16, -3.1, 7.9, false), (16, -1e4, 2.5, false), (8, -0.3, 0.4, true)] {
+        for (bw, lo, hi, sym) in [
+            (16, -3.1, 7.9, false),
+            (16, -1e4, 2.5, false),
+            (8, -0.3, 0.4, true),
+        ] {
             let e = super::Encoding::compute(bw, lo, hi, sym);
             let s = e.scale as f32;
             let x: Vec<f32> = (0..5000)
                 .map(|i| ((i * 7919 % 4999) as f32 - 2499.5) * 4.3e-3)
                 .chain((0..300).map(|k| (k as f32 - 150.0 + 0.5) * s)) // ties
-                .chain([f32::NAN, f32::INFINITY, -f32::INFINITY, 0.0, -0.0, 1e30, -1e30, -1e4])
+                .chain([
+                    f32::NAN,
+                    f32::INFINITY,
+                    -f32::INFINITY,
+                    0.0,
+                    -0.0,
+                    1e30,
+                    -1e30,
+                    -1e4,
+                ])
                 .collect();
             let mut got = Vec::new();
             e.fake_into(&x, &mut got);
