@@ -508,9 +508,20 @@ pub fn ablate(
     let head = hexq_runtime::graph::Head::of(ck)?;
     let positions: usize = seqs.iter().map(|s| s.len()).sum();
     pb.set_length(((schemes.len() + 1) * positions) as u64);
+    let profile = std::env::var_os("HEXQ_PROFILE").is_some();
+    let clock = std::time::Instant::now();
+    let lap = |what: &str| {
+        if profile {
+            eprintln!(
+                "ablate: {what} done at {:.1} s",
+                clock.elapsed().as_secs_f64()
+            );
+        }
+    };
     let backend = |scheme: Option<Scheme>| -> hexq_model::Result<(GraphBackend, Sqnr)> {
         let sqnr: Sqnr = Default::default();
         let mut b = GraphBackend::for_model(ck, Variant::DecodeWgqa, false, &go)?;
+        lap("load");
         if scheme.is_some() || heavy_tail {
             b.bake(&mut hexq_graph::interp::Renamed {
                 inner: Box::new(GridHook {
@@ -520,6 +531,7 @@ pub fn ablate(
                 }),
                 names: names.clone(),
             })?;
+            lap("bake");
         }
         Ok((b, sqnr))
     };
@@ -538,6 +550,7 @@ pub fn ablate(
             });
         })?;
     }
+    lap("float pass");
     let float: Vec<Vec<FloatAt>> = slots
         .into_iter()
         .map(|v| {
@@ -588,6 +601,7 @@ pub fn ablate(
             };
         })?;
         drop(b);
+        lap(&sc.name);
         let at: Vec<At> = at
             .into_iter()
             .flatten()
@@ -602,6 +616,7 @@ pub fn ablate(
             .collect();
         sqnr.insert("embeddings".into(), embedding_sqnr(ck, sc.grid)?);
         let (bits_per_weight, decoder_mib) = accounting(ck, sc);
+        lap("embedding SQNR");
         rows.push(Row {
             scheme: sc.name.clone(),
             bits_per_weight,
