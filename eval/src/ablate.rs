@@ -144,7 +144,12 @@ pub fn apply_grid(grid: Grid, w: &mut [f32], cols: usize) {
 fn row_ints(row: &[f32], scale: &[f32], group: usize, q: &mut [i16]) -> bool {
     for (k, (d, &v)) in q.iter_mut().zip(row).enumerate() {
         let s = scale[k / group];
-        let i = if s != 0.0 { (v / s).round() } else { 0.0 };
+        // round_half_away, not f32::round: a libm call per weight on baseline x86-64.
+        let i = if s != 0.0 {
+            hexq_quantize::round_half_away(v / s)
+        } else {
+            0.0
+        };
         if !(i.abs() <= 255.0) || i * s != v {
             return false;
         }
