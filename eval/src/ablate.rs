@@ -140,6 +140,13 @@ pub fn apply_grid(grid: Grid, w: &mut [f32], cols: usize) {
     });
 }
 
+/// (Σa², Σ(a−b)²) in f64: signal and error energy of a gridded row `b` against its source `a`.
+fn err_sums(a: &[f32], b: &[f32]) -> (f64, f64) {
+    a.iter().zip(b).fold((0f64, 0f64), |(s, n), (x, y)| {
+        (s + (*x as f64).powi(2), n + ((x - y) as f64).powi(2))
+    })
+}
+
 /// A gridded row's integers: `q[k] as f32 · scale[k / group] == row[k]` for every k, or None.
 fn row_ints(row: &[f32], scale: &[f32], group: usize, q: &mut [i16]) -> bool {
     for (k, (d, &v)) in q.iter_mut().zip(row).enumerate() {
@@ -257,30 +264,18 @@ impl Hook for GridHook {
             .par_chunks_mut(w.inp)
             .zip(scales.par_iter_mut())
             .enumerate()
-            .map(|(j, (row, sc))| {
-                let src = j * w.inp..(j + 1) * w.inp;
-                match &w.rows {
-                    Rows::F32(v) => row.copy_from_slice(&v[src]),
-                    Rows::Bf16(v) => row
-                        .iter_mut()
-                        .zip(&v[src])
-                        .for_each(|(d, &b)| *d = f32::from_bits((b as u32) << 16)),
-                    Rows::Q16 { .. } => unreachable!("checkpoint rows are f32 or bf16"),
-                }
+            .map_init(Vec::new, |buf, (j, (row, sc))| {
+                row.copy_from_slice(w.row(j, buf));
                 if let Some(s) = &hs {
                     row.iter_mut().zip(s).for_each(|(x, s)| *x *= s);
                 }
                 let Some(g) = grid else {
                     return (0.0, 0.0, 0);
                 };
-                let before = row.to_vec();
+                buf.clear();
+                buf.extend_from_slice(row);
                 let (s, group) = row_grid(g, row);
-                let (ss, nn) = before
-                    .iter()
-                    .zip(row.iter())
-                    .fold((0f64, 0f64), |(s, n), (a, b)| {
-                        (s + (*a as f64).powi(2), n + ((a - b) as f64).powi(2))
-                    });
+                let (ss, nn) = err_sums(buf, row);
                 *sc = s;
                 (ss, nn, group)
             })
@@ -361,9 +356,7 @@ impl Hook for GridHook {
             if !(sc.mlp_only && class != "mlp") {
                 let before = w.clone();
                 apply_grid(sc.grid, &mut w, inn);
-                let (s, n) = before.iter().zip(&w).fold((0f64, 0f64), |(s, n), (a, b)| {
-                    (s + (*a as f64).powi(2), n + ((a - b) as f64).powi(2))
-                });
+                let (s, n) = err_sums(&before, &w);
                 let mut m = self.sqnr.lock().unwrap();
                 let e = m.entry(class).or_insert((0.0, 0.0, 0));
                 e.0 += s;
@@ -652,25 +645,15 @@ fn embedding_sqnr(ck: &hexq_model::Checkpoint, grid: Grid) -> hexq_model::Result
     let grid = resolve(grid, e.inp);
     let (s, n) = (0..e.out)
         .into_par_iter()
-        .map_init(Vec::new, |row, j| {
-            row.clear();
-            let src = j * e.inp..(j + 1) * e.inp;
-            match &e.rows {
-                Rows::F32(v) => row.extend_from_slice(&v[src]),
-                Rows::Bf16(v) => {
-                    row.extend(v[src].iter().map(|&b| f32::from_bits((b as u32) << 16)))
-                }
-                Rows::Q16 { .. } => unreachable!("checkpoint rows are f32 or bf16"),
-            }
-            let before = row.clone();
-            row_grid(grid, row);
-            before
-                .iter()
-                .zip(row.iter())
-                .fold((0f64, 0f64), |(s, n), (a, b)| {
-                    (s + (*a as f64).powi(2), n + ((a - b) as f64).powi(2))
-                })
-        })
+        .map_init(
+            || (Vec::new(), Vec::new()),
+            |(buf, row), j| {
+                row.clear();
+                row.extend_from_slice(e.row(j, buf));
+                row_grid(grid, row);
+                err_sums(e.row(j, buf), row)
+            },
+        )
         .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
     Ok(sqnr_db(s, n))
 }

@@ -58,6 +58,29 @@ pub struct RowWeight {
     pub rows: Rows,
 }
 
+impl RowWeight {
+    /// Row `j` as f32 values (exact: bf16 widened, integers times their scale), borrowed when stored as f32.
+    pub fn row<'a>(&'a self, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+        let src = j * self.inp..(j + 1) * self.inp;
+        buf.clear();
+        match &self.rows {
+            Rows::F32(v) => return &v[src],
+            Rows::Bf16(v) => buf.extend(v[src].iter().map(|&b| f32::from_bits((b as u32) << 16))),
+            Rows::Q16 { q, scale, group } => {
+                let (ng, shift) = groups(*group, self.inp);
+                let sc = &scale[j * ng..(j + 1) * ng];
+                buf.extend(
+                    q[src]
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &v)| v as f32 * sc[k >> shift]),
+                );
+            }
+        }
+        buf
+    }
+}
+
 const LANES: usize = 16;
 
 /// The reference of the summation order every variant follows: per lane `l`, `acc[l] = fma(x[k], w[k],
@@ -328,6 +351,31 @@ pub fn matmul(x: &[f32], rows: usize, w: &RowWeight) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `RowWeight::row` gives each stored form's f32 values: bf16 widened, grouped integers × their scale.
+    #[test]
+    fn row_widens_each_form() {
+        let q: Vec<i16> = (0..64).map(|k| k as i16 - 32).collect();
+        let scale = vec![0.5f32, 0.25];
+        let w = RowWeight {
+            out: 1,
+            inp: 64,
+            rows: Rows::Q16 {
+                q,
+                scale,
+                group: 32,
+            },
+        };
+        let mut buf = Vec::new();
+        let r = w.row(0, &mut buf);
+        assert_eq!((r[0], r[31], r[32], r[63]), (-16.0, -0.5, 0.0, 7.75));
+        let b = RowWeight {
+            out: 2,
+            inp: 1,
+            rows: Rows::Bf16(vec![0x3f80, 0xc000]),
+        };
+        assert_eq!(b.row(1, &mut buf), &[-2.0]);
+    }
 
     fn lcg(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed;

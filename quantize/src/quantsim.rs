@@ -114,17 +114,7 @@ impl Hook for FakeQuant {
             .enumerate()
             .for_each_init(Vec::new, |buf, (j, dst)| {
                 let en = &e[if e.len() == 1 { 0 } else { j }];
-                let src = j * w.inp..(j + 1) * w.inp;
-                let row: &[f32] = match &w.rows {
-                    Rows::F32(v) => &v[src],
-                    Rows::Bf16(v) => {
-                        buf.clear();
-                        buf.extend(v[src].iter().map(|&b| f32::from_bits((b as u32) << 16)));
-                        buf
-                    }
-                    Rows::Q16 { .. } => unreachable!(),
-                };
-                param_ints(en, row, dst);
+                param_ints(en, w.row(j, buf), dst);
             });
         let scale = (0..w.out)
             .map(|j| e[if e.len() == 1 { 0 } else { j }].scale as f32)
