@@ -261,6 +261,168 @@ unsafe fn block_tiles<const MR: usize, const NC: usize>(
     }
 }
 
+/// 8 values of weight row `row` from column `k` (AVX2: a 16-lane chunk is two halves of 8), widened as
+/// [`Src::load`] widens them — the same per-lane values.
+#[cfg(target_arch = "x86_64")]
+impl Src {
+    #[inline(always)]
+    unsafe fn load8(self, row: usize, inp: usize, k: usize) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let at = row * inp + k;
+        match self {
+            Src::F32(p) => _mm256_loadu_ps(p.add(at)),
+            Src::Bf16(p) => {
+                let h = _mm_loadu_si128(p.add(at) as *const __m128i);
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            }
+            Src::Q16(p, sc, ng, shift) => {
+                let h = _mm_loadu_si128(p.add(at) as *const __m128i);
+                let v = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(h));
+                _mm256_mul_ps(v, _mm256_set1_ps(*sc.add(row * ng + (k >> shift))))
+            }
+        }
+    }
+
+    /// Row `row`'s values `k..k + n` widened by the scalar rule, zero-padded to 16 (a tail chunk).
+    #[inline(always)]
+    unsafe fn tail16(self, row: usize, inp: usize, k: usize, n: usize) -> [f32; LANES] {
+        let mut t = [0f32; LANES];
+        for (l, v) in t.iter_mut().enumerate().take(n) {
+            let at = row * inp + k + l;
+            *v = match self {
+                Src::F32(p) => *p.add(at),
+                Src::Bf16(p) => f32::from_bits((*p.add(at) as u32) << 16),
+                Src::Q16(p, sc, ng, shift) => {
+                    *p.add(at) as f32 * *sc.add(row * ng + ((k + l) >> shift))
+                }
+            };
+        }
+        t
+    }
+}
+
+/// [`tile`] for AVX2 + FMA (no AVX-512: AMD Zen 2/3, most laptops). Lane `l`'s sum only ever meets lane
+/// `l`, so the 16 lanes run as two 8-lane halves (lanes 0–7 and 8–15) with the same FMAs in the same
+/// order; the tree's first step (lane l + lane l+8) joins the halves, then 4, 2, 1 as [`reduce512`].
+/// NR × NC = 3 × 2: 12 accumulators (both halves) + 2 weight vectors + x in the 16 ymm registers
+/// (measured on Zen 3: 75–126 GFLOP/s at E2B's shapes, vs 70–89 for 4 × 3 one half at a time).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2<const NR: usize, const NC: usize>(
+    x: &[f32],
+    w: Src,
+    inp: usize,
+    (r, c): (usize, usize),
+    ncol: usize,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let full = inp / LANES;
+    let tail = inp % LANES;
+    let xp: [*const f32; NR] = std::array::from_fn(|i| x.as_ptr().add((r + i) * inp));
+    // The tail chunk zero-padded (fma(0, 0, acc) in the padded lanes, as the masked AVX-512 loads give).
+    let (xt, wt): ([[f32; LANES]; NR], [[f32; LANES]; NC]) = if tail > 0 {
+        (
+            std::array::from_fn(|i| {
+                let mut t = [0f32; LANES];
+                t[..tail].copy_from_slice(&x[(r + i) * inp + full * LANES..(r + i + 1) * inp]);
+                t
+            }),
+            std::array::from_fn(|j| w.tail16(c + j, inp, full * LANES, tail)),
+        )
+    } else {
+        ([[0.0; LANES]; NR], [[0.0; LANES]; NC])
+    };
+    // Both halves in one pass over the rows (each cache line of x and w used whole while it is in L1).
+    let mut acc = [[[_mm256_setzero_ps(); NC]; NR]; 2];
+    for ch in 0..full {
+        for (h, acc) in acc.iter_mut().enumerate() {
+            let k = ch * LANES + h * 8;
+            let wv: [__m256; NC] = std::array::from_fn(|j| w.load8(c + j, inp, k));
+            for i in 0..NR {
+                let xv = _mm256_loadu_ps(xp[i].add(k));
+                for j in 0..NC {
+                    acc[i][j] = _mm256_fmadd_ps(xv, wv[j], acc[i][j]);
+                }
+            }
+        }
+    }
+    if tail > 0 {
+        for (h, acc) in acc.iter_mut().enumerate() {
+            for i in 0..NR {
+                let xv = _mm256_loadu_ps(xt[i].as_ptr().add(h * 8));
+                for j in 0..NC {
+                    let wv = _mm256_loadu_ps(wt[j].as_ptr().add(h * 8));
+                    acc[i][j] = _mm256_fmadd_ps(xv, wv, acc[i][j]);
+                }
+            }
+        }
+    }
+    for i in 0..NR {
+        for j in 0..NC {
+            out[(r + i) * ncol + c + j] = reduce256(_mm256_add_ps(acc[0][i][j], acc[1][i][j]));
+        }
+    }
+}
+
+/// [`reduce`]'s tree after its first step: 4 (upper 128 bits onto lower), 2, 1.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn reduce256(s8: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
+}
+
+/// Row groups of 3, then 1; weight rows 2 at a time, then 1 ([`block_tiles`] for AVX2).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_avx2(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, out: &mut [f32]) {
+    const NC: usize = 2;
+    let mut r = 0;
+    while r < rows {
+        let nr = if rows - r >= 3 { 3 } else { 1 };
+        let cn = ncol / NC * NC;
+        for c in (0..cn).step_by(NC) {
+            match nr {
+                3 => tile_avx2::<3, NC>(x, w, inp, (r, c), ncol, out),
+                _ => tile_avx2::<1, NC>(x, w, inp, (r, c), ncol, out),
+            }
+        }
+        for c in cn..ncol {
+            match nr {
+                3 => tile_avx2::<3, 1>(x, w, inp, (r, c), ncol, out),
+                _ => tile_avx2::<1, 1>(x, w, inp, (r, c), ncol, out),
+            }
+        }
+        r += nr;
+    }
+}
+
+/// The widest kernel this CPU runs (checked once).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub(crate) enum Simd {
+    Avx512,
+    Avx2Fma,
+    None,
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn simd() -> Simd {
+    static ON: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        if avx512() {
+            Simd::Avx512
+        } else if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            Simd::Avx2Fma
+        } else {
+            Simd::None
+        }
+    })
+}
+
 #[cfg(target_arch = "x86_64")]
 fn avx512() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -282,7 +444,7 @@ fn run_block(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if avx512() {
+    if simd() != Simd::None {
         // The block's rows through pointers offset to row j0 (tiles index rows from 0).
         let src = match &w.rows {
             Rows::F32(v) => Src::F32(v[j0 * inp..].as_ptr()),
@@ -292,7 +454,13 @@ fn run_block(
                 Src::Q16(q[j0 * inp..].as_ptr(), scale[j0 * ng..].as_ptr(), ng, shift)
             }
         };
-        return unsafe { block_avx512(x, rows, inp, src, ncol, out) };
+        // SAFETY: simd() checked the CPU's features; the pointers cover rows j0..j0 + ncol.
+        return unsafe {
+            match simd() {
+                Simd::Avx512 => block_avx512(x, rows, inp, src, ncol, out),
+                _ => block_avx2(x, rows, inp, src, ncol, out),
+            }
+        };
     }
     let wf: std::borrow::Cow<[f32]> = match &w.rows {
         Rows::F32(v) => std::borrow::Cow::Borrowed(&v[j0 * inp..(j0 + ncol) * inp]),
@@ -387,6 +555,73 @@ mod tests {
                 ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
             })
             .collect()
+    }
+
+    /// Each vector kernel this CPU has (AVX-512, AVX2 + FMA) equals the scalar reference bit for bit, for
+    /// f32, bf16 and grouped integer rows, with tails, every row-tile and column-tile remainder.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_vector_kernel_equals_the_reference() {
+        let have512 = avx512();
+        let have2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+        for (rows, out, inp) in [
+            (9usize, 7usize, 77usize),
+            (13, 11, 96),
+            (4, 3, 16),
+            (1, 5, 5),
+            (17, 4, 2048),
+        ] {
+            let x = lcg(rows * inp, 5);
+            let wf = lcg(out * inp, 6);
+            let bf: Vec<u16> = wf.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            let q: Vec<i16> = (0..out * inp)
+                .map(|i| (i as i64 * 7919 % 255 - 127) as i16)
+                .collect();
+            let group = if inp % 16 == 0 { 16 } else { inp };
+            let sc: Vec<f32> = (0..out * inp / group)
+                .map(|b| 1e-3 * (b % 13 + 1) as f32)
+                .collect();
+            let forms = [
+                Rows::F32(wf.clone()),
+                Rows::Bf16(bf),
+                Rows::Q16 {
+                    q,
+                    scale: sc,
+                    group,
+                },
+            ];
+            for rows_form in forms {
+                let w = RowWeight {
+                    out,
+                    inp,
+                    rows: rows_form,
+                };
+                let mut buf = Vec::new();
+                let widened: Vec<f32> =
+                    (0..out).flat_map(|j| w.row(j, &mut buf).to_vec()).collect();
+                let mut want = vec![0f32; rows * out];
+                block_ref(&x, rows, inp, &widened, out, &mut want);
+                let src = match &w.rows {
+                    Rows::F32(v) => Src::F32(v.as_ptr()),
+                    Rows::Bf16(v) => Src::Bf16(v.as_ptr()),
+                    Rows::Q16 { q, scale, group } => {
+                        let (ng, shift) = groups(*group, inp);
+                        Src::Q16(q.as_ptr(), scale.as_ptr(), ng, shift)
+                    }
+                };
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                if have2 {
+                    let mut got = vec![0f32; rows * out];
+                    unsafe { block_avx2(&x, rows, inp, src, out, &mut got) };
+                    assert_eq!(bits(&got), bits(&want), "avx2 {rows}x{out}x{inp}");
+                }
+                if have512 {
+                    let mut got = vec![0f32; rows * out];
+                    unsafe { block_avx512(&x, rows, inp, src, out, &mut got) };
+                    assert_eq!(bits(&got), bits(&want), "avx512 {rows}x{out}x{inp}");
+                }
+            }
+        }
     }
 
     /// One row at a time equals the batch, bit for bit; bf16 rows equal their f32 widening; close to f64.

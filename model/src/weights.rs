@@ -250,6 +250,18 @@ pub fn min_max(v: &[f32]) -> (f32, f32) {
         // SAFETY: the CPU has AVX-512F.
         return unsafe { min_max_avx512(v) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { min_max_avx2(v) };
+    }
+    min_max_lanes(v)
+}
+
+/// [`min_max_lanes`] compiled for AVX2 (CPUs without AVX-512).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn min_max_avx2(v: &[f32]) -> (f32, f32) {
     min_max_lanes(v)
 }
 

@@ -137,6 +137,11 @@ impl Encoding {
         unsafe fn wide(e: &Encoding, src: &[f32], dst: &mut [f32]) {
             each(e, src, dst)
         }
+        #[target_feature(enable = "avx2")]
+        #[cfg(target_arch = "x86_64")]
+        unsafe fn avx2(e: &Encoding, src: &[f32], dst: &mut [f32]) {
+            each(e, src, dst)
+        }
         #[inline(always)]
         fn each(e: &Encoding, src: &[f32], dst: &mut [f32]) {
             let (s, zp, qmax) = (e.scale as f32, -e.offset as f32, e.qmax() as f32);
@@ -153,6 +158,11 @@ impl Encoding {
         if std::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F.
             return unsafe { wide(self, src, dst) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (and so SSE4.1's roundps for round_ties_even).
+            return unsafe { avx2(self, src, dst) };
         }
         each(self, src, dst)
     }
