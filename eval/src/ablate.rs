@@ -106,11 +106,10 @@ fn resolve(grid: Grid, cols: usize) -> Grid {
 fn row_grid(grid: Grid, row: &mut [f32]) -> (Vec<f32>, usize) {
     match grid {
         Grid::PerChannel(b) => {
-            let (lo, hi) = row
-                .iter()
-                .fold((0f32, 0f32), |(a, c), &x| (a.min(x), c.max(x)));
-            let e = Encoding::compute(b, lo as f64, hi as f64, true);
-            row.iter_mut().for_each(|x| *x = e.fake_param(*x));
+            // The range always holds 0 (AIMET's rule); min/max are exact in any order.
+            let (lo, hi) = hexq_model::weights::min_max(row);
+            let e = Encoding::compute(b, lo.min(0.0) as f64, hi.max(0.0) as f64, true);
+            e.fake_params(row);
             (vec![e.scale as f32], row.len())
         }
         Grid::Group(g) => (row.chunks_mut(g).map(q4_group).collect(), g),
@@ -136,29 +135,46 @@ pub fn apply_grid(grid: Grid, w: &mut [f32], cols: usize) {
     });
 }
 
-/// (Σa², Σ(a−b)²) in f64: signal and error energy of a gridded row `b` against its source `a`.
+/// (Σa², Σ(a−b)²) in f64: signal and error energy of a gridded row `b` against its source `a`, in 8 lanes
+/// (independent sums the compiler keeps in vector registers; one running sum was a latency chain).
 fn err_sums(a: &[f32], b: &[f32]) -> (f64, f64) {
-    a.iter().zip(b).fold((0f64, 0f64), |(s, n), (x, y)| {
-        (s + (*x as f64).powi(2), n + ((x - y) as f64).powi(2))
-    })
+    const L: usize = 8;
+    let (mut s, mut n) = ([0f64; L], [0f64; L]);
+    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..L {
+            let (x, d) = (x[l] as f64, (x[l] - y[l]) as f64);
+            s[l] += x * x;
+            n[l] += d * d;
+        }
+    }
+    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
+        let (x, d) = (*x as f64, (x - y) as f64);
+        s[l] += x * x;
+        n[l] += d * d;
+    }
+    (s.iter().sum(), n.iter().sum())
 }
 
-/// A gridded row's integers: `q[k] as f32 · scale[k / group] == row[k]` for every k, or None.
+/// A gridded row's integers: `q[k] as f32 · scale[k / group] == row[k]` for every k, or false. Group by
+/// group, every element checked (no early exit), so the loop vectorizes.
 fn row_ints(row: &[f32], scale: &[f32], group: usize, q: &mut [i16]) -> bool {
-    for (k, (d, &v)) in q.iter_mut().zip(row).enumerate() {
-        let s = scale[k / group];
-        // round_half_away, not f32::round: a libm call per weight on baseline x86-64.
-        let i = if s != 0.0 {
-            hexq_quantize::round_half_away(v / s)
-        } else {
-            0.0
-        };
-        if !(i.abs() <= 255.0) || i * s != v {
-            return false;
+    let mut ok = true;
+    for ((q, row), &s) in q.chunks_mut(group).zip(row.chunks(group)).zip(scale) {
+        if s == 0.0 {
+            ok &= row.iter().all(|&v| v == 0.0);
+            q.fill(0);
+            continue;
         }
-        *d = i as i16;
+        for (d, &v) in q.iter_mut().zip(row) {
+            // round_half_away, not f32::round: a libm call per weight on baseline x86-64.
+            let i = hexq_quantize::round_half_away(v / s);
+            ok &= i.abs() <= 255.0 && i * s == v;
+            *d = i.clamp(-255.0, 255.0) as i16;
+        }
     }
-    true
+    ok
 }
 
 /// A MatMul weight's class (its view name `….weight.T` or the checkpoint name), from the tensor table.
