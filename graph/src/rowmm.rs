@@ -375,24 +375,26 @@ pub(crate) unsafe fn reduce256(s8: std::arch::x86_64::__m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
 }
 
-/// Row groups of 3, then 1; weight rows 2 at a time, then 1 ([`block_tiles`] for AVX2).
+/// Row groups of 3, then the 2 or 1 left; weight rows 2 at a time, then 1 ([`block_tiles`] for AVX2).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn block_avx2(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, out: &mut [f32]) {
     const NC: usize = 2;
     let mut r = 0;
     while r < rows {
-        let nr = if rows - r >= 3 { 3 } else { 1 };
+        let nr = (rows - r).min(3);
         let cn = ncol / NC * NC;
         for c in (0..cn).step_by(NC) {
             match nr {
                 3 => tile_avx2::<3, NC>(x, w, inp, (r, c), ncol, out),
+                2 => tile_avx2::<2, NC>(x, w, inp, (r, c), ncol, out),
                 _ => tile_avx2::<1, NC>(x, w, inp, (r, c), ncol, out),
             }
         }
         for c in cn..ncol {
             match nr {
                 3 => tile_avx2::<3, 1>(x, w, inp, (r, c), ncol, out),
+                2 => tile_avx2::<2, 1>(x, w, inp, (r, c), ncol, out),
                 _ => tile_avx2::<1, 1>(x, w, inp, (r, c), ncol, out),
             }
         }

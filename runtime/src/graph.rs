@@ -487,7 +487,9 @@ impl Head {
         }
         let x: Vec<f32> = hs.iter().flat_map(|h| h.iter().copied()).collect();
         let y = hexq_graph::rowmm::matmul(&x, hs.len(), &self.rows);
-        y.chunks(self.rows.out)
+        // Rows in parallel: the softcap is a libm tanh per vocabulary entry (262,144 per row at E2B).
+        use rayon::prelude::*;
+        y.par_chunks(self.rows.out)
             .map(|row| match self.cap {
                 Some(c) => row.iter().map(|&v| (v / c).tanh() * c).collect(),
                 None => row.to_vec(),
