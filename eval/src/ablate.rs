@@ -669,7 +669,9 @@ fn embedding_sqnr(ck: &hexq_model::Checkpoint, grid: Grid) -> hexq_model::Result
     use rayon::prelude::*;
     let e = ck.rows(hexq_model::names::EMBED)?;
     let grid = resolve(grid, e.inp);
-    let (s, n) = (0..e.out)
+    // Per-row sums collected, then added in row order: rayon's reduce tree follows its work splitting, which
+    // moved the last digits from run to run.
+    let per: Vec<(f64, f64)> = (0..e.out)
         .into_par_iter()
         .map_init(
             || (Vec::new(), Vec::new()),
@@ -680,7 +682,8 @@ fn embedding_sqnr(ck: &hexq_model::Checkpoint, grid: Grid) -> hexq_model::Result
                 err_sums(e.row(j, buf), row)
             },
         )
-        .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        .collect();
+    let (s, n) = per.iter().fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
     Ok(sqnr_db(s, n))
 }
 
