@@ -49,21 +49,16 @@ impl WeightSource for Checkpoint {
                 })
             }
         };
-        let rows = if info.dtype == hexq_model::weights::DType::BF16 {
-            use rayon::prelude::*;
-            let b = self.store.bytes(info);
-            const CH: usize = 1 << 16;
-            let mut v = vec![0u16; b.len() / 2];
-            v.par_chunks_mut(CH).enumerate().for_each(|(ci, o)| {
-                let s = &b[ci * CH * 2..];
-                for (i, x) in o.iter_mut().enumerate() {
-                    *x = u16::from_le_bytes([s[2 * i], s[2 * i + 1]]);
-                }
-            });
-            Rows::Bf16(v)
-        } else {
-            Rows::F32(self.f32(name)?)
-        };
+        if info.dtype == hexq_model::weights::DType::BF16 {
+            // Read in place from the mapping (the page cache's copy; nothing allocated or faulted in fresh).
+            let (map, range) = self.store.mapped(info);
+            let rows = Rows::Bf16Mapped {
+                map,
+                start: range.start,
+            };
+            return Ok(RowWeight { out, inp, rows });
+        }
+        let rows = Rows::F32(self.f32(name)?);
         // The copy is what runs read: drop the mapped pages, so the weight is not resident twice.
         self.store.release(info);
         Ok(RowWeight { out, inp, rows })

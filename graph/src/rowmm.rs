@@ -18,6 +18,12 @@ use rayon::prelude::*;
 pub enum Rows {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
+    /// bf16 rows read in place from the checkpoint's mapping (little-endian bytes `start..start + 2·out·in`,
+    /// any alignment): no copy of the weight per backend — at E2B each copy was 3.8 GB of fresh pages.
+    Bf16Mapped {
+        map: std::sync::Arc<memmap2::Mmap>,
+        start: usize,
+    },
     /// Fake-quantized rows kept as their integers: value `q as f32 · scale` — bit for bit the f32
     /// quantize→dequantize value (`(q_u − zp)` is an exact integer), in 2 bytes instead of 4. One scale per
     /// `group` inputs of each row (`scale[j · inp/group + k/group]`): `group == inp` is per channel; smaller
@@ -58,6 +64,25 @@ pub struct RowWeight {
     pub rows: Rows,
 }
 
+/// Mapped rows drop their pages from this process's resident set when the weight is dropped (a bake that
+/// replaced them, a backend freed): they stay in the page cache, and any other view of the same bytes
+/// faults them back in on its next read — so peak RSS is what it was when the rows were copies.
+impl Drop for RowWeight {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Rows::Bf16Mapped { map, start } = &self.rows {
+            let page = 4096usize;
+            let a = start / page * page;
+            let len = start + 2 * self.out * self.inp - a;
+            // SAFETY: a read-only file mapping: DONTNEED discards clean pages only, re-read from the file
+            // on the next access.
+            unsafe {
+                let _ = map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, len);
+            }
+        }
+    }
+}
+
 impl RowWeight {
     /// Row `j` as f32 values (exact: bf16 widened, integers times their scale), borrowed when stored as f32.
     pub fn row<'a>(&'a self, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
@@ -66,6 +91,11 @@ impl RowWeight {
         match &self.rows {
             Rows::F32(v) => return &v[src],
             Rows::Bf16(v) => buf.extend(v[src].iter().map(|&b| f32::from_bits((b as u32) << 16))),
+            Rows::Bf16Mapped { map, start } => buf.extend(
+                map[start + 2 * src.start..start + 2 * src.end]
+                    .chunks_exact(2)
+                    .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)),
+            ),
             Rows::Q16 { q, scale, group } => {
                 let (ng, shift) = groups(*group, self.inp);
                 let sc = &scale[j * ng..(j + 1) * ng];
@@ -291,7 +321,7 @@ impl Src {
             let at = row * inp + k + l;
             *v = match self {
                 Src::F32(p) => *p.add(at),
-                Src::Bf16(p) => f32::from_bits((*p.add(at) as u32) << 16),
+                Src::Bf16(p) => f32::from_bits((p.add(at).read_unaligned() as u32) << 16),
                 Src::Q16(p, sc, ng, shift) => {
                     *p.add(at) as f32 * *sc.add(row * ng + ((k + l) >> shift))
                 }
@@ -451,6 +481,10 @@ fn run_block(
         let src = match &w.rows {
             Rows::F32(v) => Src::F32(v[j0 * inp..].as_ptr()),
             Rows::Bf16(v) => Src::Bf16(v[j0 * inp..].as_ptr()),
+            // Possibly unaligned: the tiles read it with unaligned loads only.
+            Rows::Bf16Mapped { map, start } => {
+                Src::Bf16(map[start + 2 * j0 * inp..].as_ptr() as *const u16)
+            }
             Rows::Q16 { q, scale, group } => {
                 let (ng, shift) = groups(*group, inp);
                 Src::Q16(q[j0 * inp..].as_ptr(), scale[j0 * ng..].as_ptr(), ng, shift)
@@ -472,6 +506,14 @@ fn run_block(
                 .map(|&b| f32::from_bits((b as u32) << 16))
                 .collect(),
         ),
+        Rows::Bf16Mapped { .. } => {
+            let mut buf = Vec::new();
+            let mut wf = Vec::with_capacity(ncol * inp);
+            for j in j0..j0 + ncol {
+                wf.extend_from_slice(w.row(j, &mut buf));
+            }
+            std::borrow::Cow::Owned(wf)
+        }
         Rows::Q16 { q, scale, group } => {
             let (ng, shift) = groups(*group, inp);
             let mut w = vec![0f32; ncol * inp];
@@ -583,9 +625,16 @@ mod tests {
             let sc: Vec<f32> = (0..out * inp / group)
                 .map(|b| 1e-3 * (b % 13 + 1) as f32)
                 .collect();
+            // The bf16 rows also from a mapping, one byte off alignment (a safetensors offset may be odd).
+            let mut m = memmap2::MmapMut::map_anon(1 + 2 * bf.len()).unwrap();
+            for (i, b) in bf.iter().enumerate() {
+                m[1 + 2 * i..3 + 2 * i].copy_from_slice(&b.to_le_bytes());
+            }
+            let map = std::sync::Arc::new(m.make_read_only().unwrap());
             let forms = [
                 Rows::F32(wf.clone()),
                 Rows::Bf16(bf),
+                Rows::Bf16Mapped { map, start: 1 },
                 Rows::Q16 {
                     q,
                     scale: sc,
@@ -606,6 +655,9 @@ mod tests {
                 let src = match &w.rows {
                     Rows::F32(v) => Src::F32(v.as_ptr()),
                     Rows::Bf16(v) => Src::Bf16(v.as_ptr()),
+                    Rows::Bf16Mapped { map, start } => {
+                        Src::Bf16(map[*start..].as_ptr() as *const u16)
+                    }
                     Rows::Q16 { q, scale, group } => {
                         let (ng, shift) = groups(*group, inp);
                         Src::Q16(q.as_ptr(), scale.as_ptr(), ng, shift)

@@ -57,7 +57,7 @@ impl TensorInfo {
 /// All safetensors files of one checkpoint, mapped.
 pub struct SafetensorsStore {
     pub files: Vec<PathBuf>,
-    maps: Vec<Mmap>,
+    maps: Vec<std::sync::Arc<Mmap>>,
     tensors: BTreeMap<String, TensorInfo>,
 }
 
@@ -138,7 +138,7 @@ impl SafetensorsStore {
                     ));
                 }
             }
-            maps.push(m);
+            maps.push(std::sync::Arc::new(m));
         }
         Ok(Self {
             files: paths.to_vec(),
@@ -163,6 +163,12 @@ impl SafetensorsStore {
     /// Raw little-endian bytes of a tensor, straight from the mmap.
     pub fn bytes(&self, info: &TensorInfo) -> &[u8] {
         &self.maps[info.file][info.start..info.end]
+    }
+
+    /// The mapping a tensor lives in and its byte range there: for readers that keep using a tensor in
+    /// place (the weight kernel's bf16 rows) instead of copying it out.
+    pub fn mapped(&self, info: &TensorInfo) -> (std::sync::Arc<Mmap>, std::ops::Range<usize>) {
+        (self.maps[info.file].clone(), info.start..info.end)
     }
 
     /// Rows `[r0, r1)` of a 2-D tensor as f32 (embedding lookups read only what they need).
