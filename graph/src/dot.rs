@@ -1,13 +1,13 @@
 //! MatMul of two activations (attention's q·kᵀ and p·v) with every output element summed in an order fixed
-//! by the contraction index alone: not by the other operand's extent (candle's gemm picks its blocking from
-//! the shapes, so a score came out 1 ulp apart at 48 keys and at 4096). With it, a decode step computes the
-//! same bits whatever the ring length (trailing never-written slots add exact zeros), which is what lets
-//! calibration run short rings for long contexts ([`crate::build::spanning`]) and stay byte-identical.
+//! by the contraction index alone — onnxruntime's ([`crate::rowmm::dot_m1`]): not by the other operand's
+//! extent (candle's gemm picks its blocking from the shapes, so a score came out 1 ulp apart at 48 keys and
+//! at 4096). With it, a decode step computes the same bits whatever the ring length (trailing never-written
+//! slots add exact zeros), which is what lets calibration run short rings for long contexts
+//! ([`crate::build::spanning`]) and stay byte-identical, and the exported graph's attention in onnxruntime
+//! sums what quantsim sums.
 
 use crate::ops::with_f32;
 use candle_core::{DType as CD, Device, Tensor};
-
-const LANES: usize = 16;
 
 /// `a @ b` for f32 operands with equal batch dims, `a` any layout, `b` read in place when its last two
 /// axes are either contiguous along k (a transposed key ring) or along n (a value ring). None otherwise.
@@ -46,9 +46,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Option<candle_core::Result<Tenso
         let mut out = vec![0f32; batch * m * n];
         let shape = Shape { m, k, n, sk, sn };
         #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx512f") {
-            unsafe { kernel_avx512(av, bv, &offs, shape, &mut out) };
-        } else if std::is_x86_feature_detected!("avx2") {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             unsafe { kernel_avx2(av, bv, &offs, shape, &mut out) };
         } else {
             kernel(av, bv, &offs, shape, &mut out);
@@ -62,6 +60,27 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Option<candle_core::Result<Tenso
     Some(r.and_then(|r| r))
 }
 
+/// `a [m, k] · b` on plain slices, for judges: `b` as `[k, n]` rows (a value ring), or with `keys` as
+/// `[n, k]` rows read transposed (a key ring, q·kᵀ).
+pub fn matmul_slices(
+    a: &[f32],
+    b: &[f32],
+    (m, k, n): (usize, usize, usize),
+    keys: bool,
+) -> Vec<f32> {
+    let (sk, sn) = if keys { (1, k) } else { (n, 1) };
+    let shape = Shape { m, k, n, sk, sn };
+    let mut out = vec![0f32; m * n];
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just checked.
+        unsafe { kernel_avx2(a, b, &[0], shape, &mut out) };
+        return out;
+    }
+    kernel(a, b, &[0], shape, &mut out);
+    out
+}
+
 #[derive(Clone, Copy)]
 struct Shape {
     m: usize,
@@ -71,65 +90,63 @@ struct Shape {
     sn: usize,
 }
 
-/// [`kernel`] compiled for AVX-512 (the same operations in the same order, wider registers); q·k dots four
-/// keys at a time ([`dots4`]) so four independent sums are in flight instead of one add chain.
+impl Shape {
+    /// [`stride_k`] for this product. A key ring (b contiguous along k: q·kᵀ) counts as at least as long as
+    /// the head: every exported graph's ring is (context ≥ head_dim), and calibration's shorter spanning rings
+    /// must sum in the same slices to stay byte-identical.
+    fn stride(&self) -> usize {
+        match self.sk {
+            1 => stride_k(self.k, self.n.max(self.k)),
+            _ => stride_k(self.k, self.n),
+        }
+    }
+}
+
+/// [`kernel`] compiled for AVX2 (the same operations, 8 outputs per vector: no FMA contraction in Rust, so
+/// the vector code rounds each product and sum as the scalar code does); the key ring's 8×8 blocks
+/// transposed in registers.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn kernel_avx512(av: &[f32], bv: &[f32], offs: &[usize], s: Shape, out: &mut [f32]) {
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel_avx2(av: &[f32], bv: &[f32], offs: &[usize], s: Shape, out: &mut [f32]) {
     let Shape { m, k, n, sk, sn } = s;
-    if sk != 1 {
+    if sn == 1 {
         return kernel(av, bv, offs, s, out);
     }
+    // Keys along k: each batch's [n, k] block transposed to [k, n], then the running sums over it.
+    let mut bt = vec![0f32; k * n];
+    let (k8, n8) = (k / 8 * 8, n / 8 * 8);
     for (bi, &o) in offs.iter().enumerate() {
+        for j in (0..n8).step_by(8) {
+            for kk in (0..k8).step_by(8) {
+                let r = std::array::from_fn(|i| {
+                    std::arch::x86_64::_mm256_loadu_ps(bv.as_ptr().add(o + (j + i) * sn + kk * sk))
+                });
+                for (i, v) in crate::rowmm::transpose8(r).iter().enumerate() {
+                    std::arch::x86_64::_mm256_storeu_ps(bt.as_mut_ptr().add((kk + i) * n + j), *v);
+                }
+            }
+        }
+        for kk in 0..k {
+            for j in 0..n {
+                if kk >= k8 || j >= n8 {
+                    bt[kk * n + j] = bv[o + j * sn + kk * sk];
+                }
+            }
+        }
         for i in 0..m {
             let x = &av[(bi * m + i) * k..(bi * m + i + 1) * k];
-            let y = &mut out[(bi * m + i) * n..(bi * m + i + 1) * n];
-            let n4 = n / 4 * 4;
-            for j in (0..n4).step_by(4) {
-                let ys = dots4(x, bv, o + j * sn, sn);
-                y[j..j + 4].copy_from_slice(&ys);
-            }
-            for (j, yj) in y.iter_mut().enumerate().skip(n4) {
-                *yj = dot(x, &bv[o + j * sn..o + j * sn + k]);
-            }
+            running(
+                m,
+                x,
+                &bt,
+                0,
+                n,
+                n,
+                &mut out[(bi * m + i) * n..(bi * m + i + 1) * n],
+                s.stride(),
+            );
         }
     }
-}
-
-/// [`kernel`] compiled for AVX2 (the same operations: no FMA contraction, 16 lanes as two 8-wide vectors).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn kernel_avx2(av: &[f32], bv: &[f32], offs: &[usize], s: Shape, out: &mut [f32]) {
-    kernel(av, bv, offs, s, out)
-}
-
-/// [`dot`] of `x` with the four rows of `b` starting at `at`, `at + sn`, …: per row the same lane sums
-/// (a product rounded, then added; the tail added only in its lanes) and the same fold.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn dots4(x: &[f32], b: &[f32], at: usize, sn: usize) -> [f32; 4] {
-    use std::arch::x86_64::*;
-    let k = x.len();
-    assert!(at + 3 * sn + k <= b.len());
-    let (xp, bp) = (x.as_ptr(), b.as_ptr().add(at));
-    let mut acc = [_mm512_setzero_ps(); 4];
-    let full = k / LANES * LANES;
-    for c in (0..full).step_by(LANES) {
-        let xv = _mm512_loadu_ps(xp.add(c));
-        for (r, a) in acc.iter_mut().enumerate() {
-            let p = _mm512_mul_ps(xv, _mm512_loadu_ps(bp.add(r * sn + c)));
-            *a = _mm512_add_ps(*a, p);
-        }
-    }
-    if full < k {
-        let m: __mmask16 = ((1u32 << (k - full)) - 1) as __mmask16;
-        let xv = _mm512_maskz_loadu_ps(m, xp.add(full));
-        for (r, a) in acc.iter_mut().enumerate() {
-            let p = _mm512_mul_ps(xv, _mm512_maskz_loadu_ps(m, bp.add(r * sn + full)));
-            *a = _mm512_mask_add_ps(*a, m, *a, p);
-        }
-    }
-    acc.map(|a| crate::rowmm::reduce512(a))
 }
 
 #[inline(always)]
@@ -139,80 +156,169 @@ fn kernel(av: &[f32], bv: &[f32], offs: &[usize], s: Shape, out: &mut [f32]) {
         for i in 0..m {
             let x = &av[(bi * m + i) * k..(bi * m + i + 1) * k];
             let y = &mut out[(bi * m + i) * n..(bi * m + i + 1) * n];
-            if sk == 1 {
-                for (j, yj) in y.iter_mut().enumerate() {
-                    *yj = dot(x, &bv[o + j * sn..o + j * sn + k]);
-                }
+            if sn == 1 {
+                running(m, x, bv, o, sk, n, y, s.stride());
             } else {
-                // Row by row of b, k ascending: each element a plain running sum.
-                for (kk, &s) in x.iter().enumerate() {
-                    let row = &bv[o + kk * sk..o + kk * sk + n];
-                    for (yj, &bj) in y.iter_mut().zip(row) {
-                        *yj += s * bj;
-                    }
+                for (j, yj) in y.iter_mut().enumerate() {
+                    let row: Vec<f32> = (0..k).map(|kk| bv[o + j * sn + kk * sk]).collect();
+                    *yj = dot(m, x, &row, s.stride());
                 }
             }
         }
     }
 }
 
-/// Σ x·y in `LANES` running sums (lane = index mod LANES), then a fixed pairwise fold.
+/// The order onnxruntime sums an `[m, k] × [k, n]` product of two activations in (MLAS `MlasSgemmOperation`,
+/// B not prepacked): one row (`m == 1`) by the one-row kernel ([`crate::rowmm::dot_m1`]); more rows by the
+/// FMA kernel — per output a chain of fused multiply-adds from 0 over each slice of `stride_k` inputs, the
+/// slices added in order. Attention's MatMuls have `m` = query heads per KV head (× positions): Gemma-3 270M
+/// and E2B take the FMA kernel, a model with one query head per KV head the one-row kernel.
+fn dot(m: usize, x: &[f32], w: &[f32], sk: usize) -> f32 {
+    if m == 1 {
+        return crate::rowmm::dot_m1(x, w);
+    }
+    let mut c = 0f32;
+    for (b, (xs, ws)) in x.chunks(sk).zip(w.chunks(sk)).enumerate() {
+        let acc = xs.iter().zip(ws).fold(0f32, |a, (p, q)| p.mul_add(*q, a));
+        c = if b == 0 { acc } else { c + acc };
+    }
+    c
+}
+
+/// MLAS's K slice for an `[·, k] × [k, n]` product (`MlasSgemmOperation`: 128, halved while it is twice k when
+/// n ≥ k — the N slice doubling — or doubled while the N slice can halve and still cover n).
+fn stride_k(k: usize, n: usize) -> usize {
+    let (mut sn, mut sk) = (128usize, 128usize);
+    if n >= k {
+        while sk / 2 >= k {
+            sn *= 2;
+            sk /= 2;
+        }
+    } else {
+        while sn > 16 && sn / 2 >= n {
+            sk *= 2;
+            sn /= 2;
+        }
+    }
+    sk
+}
+
+/// `y[j] = Σ_k x[k] · b[o + k·sk + j]` for every j at once, in [`dot`]'s order for `m` rows.
 #[inline(always)]
-fn dot(x: &[f32], y: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (cx, cy) = (x.chunks_exact(LANES), y.chunks_exact(LANES));
-    let (rx, ry) = (cx.remainder(), cy.remainder());
-    for (p, q) in cx.zip(cy) {
-        for l in 0..LANES {
-            acc[l] += p[l] * q[l];
+#[allow(clippy::too_many_arguments)]
+fn running(
+    m: usize,
+    x: &[f32],
+    b: &[f32],
+    o: usize,
+    sk: usize,
+    n: usize,
+    y: &mut [f32],
+    stride: usize,
+) {
+    if m == 1 {
+        return running_m1(x, b, o, sk, n, y);
+    }
+    let k = x.len();
+    let row = |kk: usize| &b[o + kk * sk..o + kk * sk + n];
+    let mut acc = vec![0f32; n];
+    for (bi, k0) in (0..k).step_by(stride).enumerate() {
+        acc.fill(0.0);
+        for kk in k0..(k0 + stride).min(k) {
+            let (xv, r) = (x[kk], row(kk));
+            for j in 0..n {
+                acc[j] = xv.mul_add(r[j], acc[j]);
+            }
+        }
+        if bi == 0 {
+            y.copy_from_slice(&acc);
+        } else {
+            for j in 0..n {
+                y[j] += acc[j];
+            }
         }
     }
-    for (l, (p, q)) in rx.iter().zip(ry).enumerate() {
-        acc[l] += p * q;
-    }
-    let mut w = LANES / 2;
-    while w > 0 {
-        for l in 0..w {
-            acc[l] += acc[l + w];
+}
+
+/// `y[j] = Σ_k x[k] · b[o + k·sk + j]` for every j at once, in [`crate::rowmm::dot_m1`]'s order
+/// (onnxruntime's): four products summed, then added to the running value; the pair and single tail.
+#[inline(always)]
+fn running_m1(x: &[f32], b: &[f32], o: usize, sk: usize, n: usize, y: &mut [f32]) {
+    let k = x.len();
+    let row = |kk: usize| &b[o + kk * sk..o + kk * sk + n];
+    y.fill(0.0);
+    let k4 = k / 4 * 4;
+    for g in (0..k4).step_by(4) {
+        let (x0, x1, x2, x3) = (x[g], x[g + 1], x[g + 2], x[g + 3]);
+        let (b0, b1, b2, b3) = (row(g), row(g + 1), row(g + 2), row(g + 3));
+        for j in 0..n {
+            let s = x0 * b0[j] + x1 * b1[j];
+            let s = s + x2 * b2[j];
+            let s = s + x3 * b3[j];
+            y[j] = s + y[j];
         }
-        w /= 2;
     }
-    acc[0]
+    let mut g = k4;
+    if k - g >= 2 {
+        let (x0, x1, b0, b1) = (x[g], x[g + 1], row(g), row(g + 1));
+        for j in 0..n {
+            y[j] = (x0 * b0[j] + x1 * b1[j]) + y[j];
+        }
+        g += 2;
+    }
+    if k - g == 1 {
+        let (x0, b0) = (x[g], row(g));
+        for j in 0..n {
+            y[j] = x0 * b0[j] + y[j];
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The four-key AVX-512 path and the AVX2 build equal the scalar reference bit for bit, tails included.
+    /// The AVX2 build equals the scalar kernel bit for bit, both layouts of b, tails included, and each
+    /// output is [`dot`] of its row and column (the one-row order for m = 1, the sliced FMA chains above).
     #[test]
-    fn four_key_dots_equal_the_reference() {
-        #[cfg(target_arch = "x86_64")]
-        {
-            for (k, n) in [(256usize, 37usize), (40, 8), (512, 5), (7, 4), (16, 3)] {
-                let x: Vec<f32> = (0..k)
-                    .map(|i| ((i * 37 % 101) as f32 - 50.3) * 0.013)
+    fn avx2_equals_the_reference_order() {
+        for (m, k, n) in [
+            (1usize, 256usize, 37usize),
+            (3, 40, 8),
+            (8, 512, 5),
+            (2, 7, 4),
+            (1, 16, 3),
+            (4, 259, 17),
+        ] {
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37 % 101) as f32 - 50.3) * 0.013)
+                .collect();
+            let b: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 53 % 97) as f32 - 48.7) * 0.021)
+                .collect();
+            // b as [n, k] (keys: sk = 1) and the same values as [k, n] (values: sn = 1).
+            let bt: Vec<f32> = (0..k * n).map(|i| b[(i % n) * k + i / n]).collect();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            for (bv, sk, sn) in [(&b, 1usize, k), (&bt, n, 1usize)] {
+                let s = Shape { m, k, n, sk, sn };
+                let want: Vec<f32> = (0..m * n)
+                    .map(|i| {
+                        dot(
+                            m,
+                            &x[i / n * k..(i / n + 1) * k],
+                            &b[i % n * k..(i % n + 1) * k],
+                            s.stride(),
+                        )
+                    })
                     .collect();
-                let b: Vec<f32> = (0..n * k)
-                    .map(|i| ((i * 53 % 97) as f32 - 48.7) * 0.021)
-                    .collect();
-                let s = Shape {
-                    m: 1,
-                    k,
-                    n,
-                    sk: 1,
-                    sn: k,
-                };
-                let want: Vec<f32> = (0..n).map(|j| dot(&x, &b[j * k..(j + 1) * k])).collect();
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                let mut fast = vec![0f32; n];
-                if std::is_x86_feature_detected!("avx512f") {
-                    unsafe { kernel_avx512(&x, &b, &[0], s, &mut fast) };
-                    assert_eq!(bits(&fast), bits(&want), "avx512 k={k} n={n}");
-                }
-                if std::is_x86_feature_detected!("avx2") {
-                    unsafe { kernel_avx2(&x, &b, &[0], s, &mut fast) };
-                    assert_eq!(bits(&fast), bits(&want), "avx2 k={k} n={n}");
+                let mut slow = vec![0f32; m * n];
+                kernel(&x, bv, &[0], s, &mut slow);
+                assert_eq!(bits(&slow), bits(&want), "scalar m={m} k={k} n={n} sk={sk}");
+                #[cfg(target_arch = "x86_64")]
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    let mut fast = vec![0f32; m * n];
+                    unsafe { kernel_avx2(&x, bv, &[0], s, &mut fast) };
+                    assert_eq!(bits(&fast), bits(&want), "avx2 m={m} k={k} n={n} sk={sk}");
                 }
             }
         }

@@ -12,4 +12,6 @@ pub mod report;
 pub mod rowmm;
 
 pub use build::{build, GraphOptions, Variant};
+pub use dot::matmul_slices;
 pub use ir::{DType, Graph, Op, NEG, OPSET};
+pub use ops::{logistic, mean_row, softmax_row};

@@ -40,8 +40,10 @@ pub(crate) fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result
         Op::Reciprocal => x[0].recip()?,
         Op::Neg => x[0].neg()?,
         Op::Tanh => x[0].tanh()?,
-        // 1/(1+e^-x), as onnxruntime computes it.
-        Op::Sigmoid => (x[0].neg()?.exp()? + 1.0)?.recip()?,
+        Op::Sigmoid => {
+            let y = with_f32(x[0], logistic)?;
+            Tensor::from_vec(y, x[0].dims(), x[0].device())?
+        }
         Op::Cos => x[0].cos()?,
         Op::Sin => x[0].sin()?,
         Op::Mod => python_mod(x, out)?,
@@ -50,8 +52,19 @@ pub(crate) fn eval(op: &Op, x: &[&Tensor], out: &[usize]) -> candle_core::Result
             let mut ax: Vec<usize> = axes.iter().map(|&a| axis(a, r)).collect();
             ax.sort();
             let mut t = x[0].clone();
-            for &a in ax.iter().rev() {
-                t = t.mean_keepdim(a)?;
+            let n = t.dim(r - 1)?;
+            if ax == [r - 1] && t.dtype() == CD::F32 && n % 8 == 0 {
+                // The norms' mean of squares over the last axis: onnxruntime's order.
+                let v = with_f32(&t, |v| {
+                    v.chunks_exact(n.max(1)).map(mean_row).collect::<Vec<f32>>()
+                })?;
+                let mut dims = t.dims().to_vec();
+                dims[r - 1] = 1;
+                t = Tensor::from_vec(v, dims, &Device::Cpu)?;
+            } else {
+                for &a in ax.iter().rev() {
+                    t = t.mean_keepdim(a)?;
+                }
             }
             if *keepdims {
                 t
@@ -163,22 +176,104 @@ fn where_slabs(
     Some(r.and_then(|r| r).and_then(|r| r))
 }
 
-/// Softmax over the last axis with the row sum in a fixed order (k ascending): a row padded with masked
-/// entries (exp → exactly 0) sums to the same bits, whatever the ring length (see `crate::dot`).
+/// Softmax over the last axis as onnxruntime's CPU EP computes it (MLAS `MlasComputeSoftmax` on an AVX2
+/// machine): row maximum; `e = exp(x − max)` by MLAS's polynomial (`MlasComputeSumExpF32KernelFma3`);
+/// the row sum in 8 lanes (element i into lane i mod 8, in order) folded `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))`;
+/// then `e · (1/sum)`. libm's exp and a division put 87 % of attention probabilities 1 ulp off onnxruntime's,
+/// and each one near a 16-bit grid boundary flipped a quantization step in the exported graph.
+/// Masked entries (x − max ≤ −88.38) give ~6e-39, not 0: a padded ring adds nothing a sum of order 1 can
+/// hold, so rows still sum to the same bits whatever the ring length. (AVX-512 onnxruntime builds sum in 16
+/// lanes: on such a CPU the sums may differ from its in the last bit.)
 fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
     let n = x.dim(x.rank() - 1)?;
     let v = with_f32(x, |v| {
-        let mut out = Vec::with_capacity(v.len());
-        for row in v.chunks_exact(n.max(1)) {
-            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let at = out.len();
-            out.extend(row.iter().map(|&t| (t - m).exp()));
-            let s: f32 = out[at..].iter().fold(0.0, |a, &e| a + e);
-            out[at..].iter_mut().for_each(|e| *e /= s);
+        let mut out = vec![0f32; v.len()];
+        for (row, o) in v.chunks_exact(n.max(1)).zip(out.chunks_exact_mut(n.max(1))) {
+            softmax_row(row, o);
         }
         out
     })?;
     Tensor::from_vec(v, x.dims(), &Device::Cpu)
+}
+
+/// A row's mean as onnxruntime's CPU ReduceMean computes it over the last axis (Eigen's vectorized sum on
+/// AVX: 8 lanes, element i into lane i mod 8 in order, folded 4, 2, 1; then ÷ n) for a row whose length
+/// is a multiple of 8 — every Gemma width; other lengths take a tail path not reproduced here, and the
+/// interpreter sums them in candle's order. A sequential sum put 90 % of RMSNorm means 1 ulp off
+/// onnxruntime's — each a possible step flip of the 1/rms tensor in the exported graph. Measured against
+/// onnxruntime 1.32 (tests/judges/mlas_order.py).
+pub fn mean_row(row: &[f32]) -> f32 {
+    debug_assert!(row.len() % 8 == 0);
+    let mut lanes = [0f32; 8];
+    for (i, &v) in row.iter().enumerate() {
+        lanes[i % 8] += v;
+    }
+    let l = lanes;
+    let (a, b, c, d) = (l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]);
+    ((a + c) + (b + d)) / row.len() as f32
+}
+
+/// One row of [`softmax_last`].
+pub fn softmax_row(row: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just checked.
+        return unsafe { softmax_row_fma(row, out) };
+    }
+    softmax_row_with(row, out, f32::mul_add)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_row_fma(row: &[f32], out: &mut [f32]) {
+    softmax_row_with(row, out, |a, b, c| {
+        use std::arch::x86_64::*;
+        _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)))
+    })
+}
+
+/// MLAS's `MlasExpConstants` (the sum-of-exp kernel's subset): lower clamp, rounding bias 1.5·2²³, 1/ln 2,
+/// ln 2 split high/low, the polynomial (poly_5 = poly_6 = 1).
+const EXP_LOWER: f32 = -88.3762626647949;
+const EXP_BIAS: f32 = 12582912.0;
+const EXP_LOG2_RECIP: f32 = 1.44269504088896341;
+const EXP_LOG2_HIGH: f32 = -6.93145752e-1;
+const EXP_LOG2_LOW: f32 = -1.42860677e-6;
+const EXP_POLY: [f32; 6] = [
+    f32::from_bits(0x3ab4a000), // 0x1.694000p-10
+    f32::from_bits(0x3c092f6e), // 0x1.125edcp-7
+    f32::from_bits(0x3d2aadad), // 0x1.555b5ap-5
+    f32::from_bits(0x3e2aaa28), // 0x1.555450p-3
+    f32::from_bits(0x3efffffb), // 0x1.fffff6p-2
+    1.0,
+];
+
+#[inline(always)]
+fn softmax_row_with(row: &[f32], out: &mut [f32], fma: impl Fn(f32, f32, f32) -> f32) {
+    let max = row.iter().copied().fold(f32::MIN, f32::max);
+    let neg = -max;
+    let mut lanes = [0f32; 8];
+    for (i, (&v, o)) in row.iter().zip(out.iter_mut()).enumerate() {
+        let x = (v + neg).max(EXP_LOWER);
+        let biased = fma(x, EXP_LOG2_RECIP, EXP_BIAS);
+        let m = biased - EXP_BIAS;
+        let x = fma(m, EXP_LOG2_HIGH, x);
+        let x = fma(m, EXP_LOG2_LOW, x);
+        let mut p = fma(EXP_POLY[0], x, EXP_POLY[1]);
+        for &c in &EXP_POLY[2..] {
+            p = fma(p, x, c);
+        }
+        p = fma(p, x, EXP_POLY[5]);
+        let normal = (biased.to_bits() << 23).wrapping_add(0x3F80_0000);
+        *o = p * f32::from_bits(normal);
+        lanes[i % 8] += *o;
+    }
+    let l = lanes;
+    let sum = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    let scale = 1.0 / sum;
+    for o in out.iter_mut() {
+        *o *= scale;
+    }
 }
 
 /// `f` on an f32 tensor's values, read in place when contiguous.
@@ -193,6 +288,73 @@ pub fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Resu
     }
     let v: Vec<f32> = t.flatten_all()?.to_vec1()?;
     Ok(f(&v))
+}
+
+/// MLAS's logistic (onnxruntime's CPU Sigmoid: Eigen's rational approximation, `LogisticKernelFma3` on
+/// AVX2 machines): clamp to ±18, p(x)/q(x²) by fused multiply-adds, + 0.5, clamp to [0, 1]. Not correctly
+/// rounded (1 ulp off 1/(1+e^-x) on half the inputs, ~1e-8 absolute below −16) — but the exported QDQ graph
+/// runs exactly this, so quantsim does too: a sigmoid 1 ulp apart was half of the quantization-step flips
+/// between onnxruntime and quantsim on the trained model (README: "The fix: BOS on the host").
+pub fn logistic(x: &[f32]) -> Vec<f32> {
+    let mut y = vec![0f32; x.len()];
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just checked.
+        unsafe { logistic_fma(x, &mut y) };
+        return y;
+    }
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = logistic1(v, f32::mul_add);
+    }
+    y
+}
+
+/// (α₉, α₇, α₅, α₃, α₁) and (β₁₀, β₈, β₆, β₄, β₂, β₀): MLAS's `MlasLogisticConstants`.
+const LOGI_P: [f32; 5] = [
+    4.37031012579801e-11,
+    1.15627324459942e-07,
+    6.08574864600143e-05,
+    8.51377133304701e-03,
+    2.48287947061529e-01,
+];
+const LOGI_Q: [f32; 6] = [
+    6.10247389755681e-13,
+    5.76102136993427e-09,
+    6.29106785017040e-06,
+    1.70198817374094e-03,
+    1.16817656904453e-01,
+    9.93151921023180e-01,
+];
+
+#[inline(always)]
+fn logistic1(x: f32, fma: impl Fn(f32, f32, f32) -> f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let v = x.clamp(-18.0, 18.0);
+    let v2 = v * v;
+    let mut p = fma(v2, LOGI_P[0], LOGI_P[1]);
+    for &a in &LOGI_P[2..] {
+        p = fma(p, v2, a);
+    }
+    p *= v;
+    let mut q = fma(v2, LOGI_Q[0], LOGI_Q[1]);
+    for &b in &LOGI_Q[2..] {
+        q = fma(q, v2, b);
+    }
+    (p / q + 0.5).clamp(0.0, 1.0)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn logistic_fma(x: &[f32], y: &mut [f32]) {
+    // The fused multiply-add is the instruction here (f32::mul_add without the target feature is a libm call).
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = logistic1(v, |a, b, c| {
+            use std::arch::x86_64::*;
+            _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)))
+        });
+    }
 }
 
 fn pow(x: &[&Tensor], out: &[usize]) -> candle_core::Result<Tensor> {
@@ -274,6 +436,47 @@ fn scatter_nd(data: &Tensor, indices: &Tensor, updates: &Tensor) -> candle_core:
 
 #[cfg(test)]
 mod tests {
+    /// MLAS's logistic bit for bit: inputs and outputs of onnxruntime 1.32's CPU Sigmoid (clamps at ±18, the
+    /// output clamp at 0 and 1, ordinary values), both the FMA build and the scalar fallback.
+    #[test]
+    fn logistic_equals_onnxruntime() {
+        let pairs: [(u32, u32); 24] = [
+            (0xc1f00000, 0x00000000),
+            (0xc1940000, 0x00000000),
+            (0xc18f3333, 0x33000000),
+            (0xc114cccd, 0x38bfb000),
+            (0xc06ccccd, 0x3cc5a600),
+            (0xbf800000, 0x3e89b2b1),
+            (0xbdfbe76d, 0x3ef0469c),
+            (0xb22bcc77, 0x3f000000),
+            (0x00000000, 0x3f000000),
+            (0x3649539c, 0x3f00000d),
+            (0x3f000000, 0x3f1f597e),
+            (0x3f9df3b6, 0x3f4646ce),
+            (0x40200000, 0x3f6c948f),
+            (0x40833333, 0x3f7bd39a),
+            (0x40f8a3d7, 0x3f7fe458),
+            (0x41300000, 0x3f7ffee8),
+            (0x418c0000, 0x3f800000),
+            (0x4191999a, 0x3f800000),
+            (0x42200000, 0x3f800000),
+            (0x3bc98c5f, 0x3f0064c6),
+            (0xc118190b, 0x389c1000),
+            (0xc149573d, 0x36680000),
+            (0x3f0d64e4, 0x3f2279fc),
+            (0xc0c40249, 0x3b0f0100),
+        ];
+        let x: Vec<f32> = pairs.iter().map(|p| f32::from_bits(p.0)).collect();
+        let want: Vec<u32> = pairs.iter().map(|p| p.1).collect();
+        let got: Vec<u32> = super::logistic(&x).iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want);
+        let scalar: Vec<u32> = x
+            .iter()
+            .map(|&v| super::logistic1(v, f32::mul_add).to_bits())
+            .collect();
+        assert_eq!(scalar, want);
+    }
+
     use super::*;
 
     /// The slab-copy Where (ring write, trunk ring select) equals candle's broadcast select.
