@@ -1,7 +1,7 @@
 //! Bounded-time mutation fuzzing of the parsers that read user files: the safetensors header + store, the
 //! GGUF reader (and its dequantizers), AIMET encodings and calibration stats. Each target mutates a valid
 //! seed (byte flips, interesting integers over length fields, truncation, splices; JSON value swaps) for
-//! HEXQ_FUZZ_SECS seconds (default 3; CI runs 60) and fails on any panic, saving the input to
+//! HEXQ_FUZZ_SECS seconds (default 3; CI runs 30) and fails on any panic, saving the input to
 //! `target/fuzz-crashes/` so it becomes a regression case. Seeded from the clock unless HEXQ_FUZZ_SEED is set.
 //! Why not cargo-fuzz: it needs a nightly toolchain; this runs on stable in the ordinary suite.
 

@@ -122,7 +122,8 @@ impl Lpbq {
 
     /// Quantize→dequantize `w` [out, in] in place on the compressed block grids, with aimet-onnx's LPBQ
     /// arithmetic (measured against its QuantizationSimModel: 0 of 6144 weights differ): the integer from
-    /// `round(x / scale)` in f64 (`scale = int · per_channel` in f64), the value `q · f32(scale)` in f32.
+    /// `round(x / scale)` in f64 (`scale = int · per_channel` in f64), the value `q · (int · f32(per_channel))`
+    /// in f32 — the exported DequantizeLinear chain's product, bit for bit.
     pub fn fake(&self, w: &mut [f32], cols: usize) {
         // Compiled for AVX2 where the CPU has it: `round_ties_even` on f64 is then one instruction instead
         // of a libm call per weight (ablate bakes 1.9 G of these per LPBQ grid at E2B).
@@ -149,7 +150,10 @@ impl Lpbq {
         for (c, row) in w.chunks_mut(cols).enumerate() {
             for (b, blk) in row.chunks_mut(self.block).enumerate() {
                 let s = self.int_scale[c * nb + b] as f64 * self.channel_scale[c];
-                let s32 = s as f32;
+                // The value as the exported chain dequantizes it: block scale = int · f32(per-channel) in
+                // f32 (DequantizeLinear), then q · block scale — the same as f32(s) when the per-channel
+                // scale is an f32 value, and what onnxruntime computes when it is not.
+                let s32 = self.int_scale[c * nb + b] as f32 * self.channel_scale[c] as f32;
                 for x in blk.iter_mut() {
                     let q = (*x as f64 / s).round_ties_even().clamp(lo, hi);
                     *x = q as f32 * s32;
