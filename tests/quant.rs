@@ -748,11 +748,20 @@ fn lpbq_matches_aimet() {
             .iter()
             .map(|x| x.as_f64().unwrap() as f32)
             .collect();
-        let diff = q.iter().zip(&want).filter(|(a, b)| a != b).count();
+        // The value is the exported DequantizeLinear chain's (block scale int · f32(per-channel) in f32,
+        // then × q: what onnxruntime and the device compute); AIMET's sim rounds int · per-channel · q once.
+        // The integers are AIMET's, so the values differ by the block scale's extra rounding (½ ulp) plus the
+        // product's (½ ulp): within 2 ulps (measured: 146 of 2048 weights 1 ulp apart at B = 32, 8 beyond 1).
+        let ulp = |x: f32| (f32::from_bits(x.abs().to_bits() + 1) - x.abs()).max(f32::MIN_POSITIVE);
+        let diff = q
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| (**a - **b).abs() > 2.0 * ulp(**b))
+            .count();
         assert_eq!(
             diff,
             0,
-            "block {block}: {diff} of {} weights differ from AIMET's",
+            "block {block}: {diff} of {} weights more than 2 ulps from AIMET's",
             q.len()
         );
     }
@@ -866,8 +875,11 @@ fn w4a16_lpbq_scheme_encodes_validates_exports_and_compiles() {
         ]),
         "ort",
     );
+    // LPBQ's QDQ chain in onnxruntime computes quantsim's values exactly (the block scale's f32 product,
+    // onnxruntime's sums): measured KL 0 on the tiny model and on the trained 270M (24 × 4).
     assert_eq!(r["top1_agreement"].as_f64(), Some(1.0), "{r}");
-    assert!(r["cosine_min"].as_f64().unwrap() >= 0.99999, "{r}");
+    assert!(r["cosine_min"].as_f64().unwrap() >= 0.9999999, "{r}");
+    assert_eq!(r["kl_mean"].as_f64(), Some(0.0), "{r}");
     if !common::judge("onnxruntime_qnn") {
         return;
     }
