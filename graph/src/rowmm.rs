@@ -349,7 +349,7 @@ unsafe fn panel_tile<const NR: usize>(
 }
 
 /// All input rows against weight rows `0..ncol` of `w`: per panel of 16 outputs and chunk of 256 inputs,
-/// pack once, then every row through it, 4 at a time (the 4-row tile measured fastest on Zen 3; no FMA, so
+/// pack once, then every row through it, 6 at a time (6 rows measured best of 3, 4, 6, 8 on Zen 3; no FMA, so
 /// Zen's separate multiply and add pipes both run).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -501,7 +501,7 @@ mod tests {
     }
 
     /// The AVX2 kernel equals the scalar reference bit for bit, for f32, bf16 and grouped integer rows, with
-    /// every tail: rows past the 4-row tile, outputs past a 16-wide panel, inputs past a 256 chunk and past a
+    /// every tail: rows past the 6-row tile, outputs past a 16-wide panel, inputs past a 256 chunk and past a
     /// group of four (1, 2, 3 left).
     #[cfg(target_arch = "x86_64")]
     #[test]
