@@ -21,8 +21,10 @@ if command -v rustup > /dev/null && ! rustup target list --installed | grep -qx 
 fi
 
 echo "== cross-compiling hexq (runtime + CLI) for $T"
+# No debug line tables for the ARM build (only the host build's backtraces need them): a quicker link.
+export CARGO_PROFILE_RELEASE_DEBUG=false
 cargo build --release --target "$T" -p hexq
-cargo build --release -p hexq # the host build makes the export the ort backend runs
+CARGO_PROFILE_RELEASE_DEBUG=line-tables-only cargo build --release -p hexq # the host build makes the export the ort backend runs
 
 # onnxruntime's aarch64 wheel, the same version as the host's (PyPI), unpacked once.
 ORT_VER="$(python3 -c 'import onnxruntime; print(onnxruntime.__version__)')"
