@@ -126,11 +126,11 @@ unsafe fn kernel_avx2(av: &[f32], bv: &[f32], offs: &[usize], s: Shape, out: &mu
                 }
             }
         }
+        // The edges the 8×8 blocks left: the last n mod 8 keys, and every key's last k mod 8 values.
         for kk in 0..k {
-            for j in 0..n {
-                if kk >= k8 || j >= n8 {
-                    bt[kk * n + j] = bv[o + j * sn + kk * sk];
-                }
+            let js = if kk < k8 { n8..n } else { 0..n };
+            for j in js {
+                bt[kk * n + j] = bv[o + j * sn + kk * sk];
             }
         }
         for i in 0..m {
