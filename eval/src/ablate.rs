@@ -1,6 +1,8 @@
 //! Weight-grid ablation: the same model with its decoder weights on different grids (weights only,
 //! activations float), side by side against float — the per-channel vs group-wise comparison the published
-//! 4-bit build rests on (granularity, not bit-width, decides accuracy).
+//! 4-bit build rests on (granularity, not bit-width, decides accuracy). Rows may also be whole builds
+//! ([`Build`]: an encodings file's params *and* activations, as `hexq verify` runs them), so A16W8 and
+//! w4a16 sit in the same table as the weights-only grids, every figure over the same positions.
 //!
 //! Grids (all symmetric): `int8-pc` / `int4-pc` per output channel (AIMET's rule, [`hexq_quantize::Encoding`]);
 //! `q4_0-g32` ggml's q4_0 exactly ([`hexq_gguf::ggml`]); `g64` / `g128` the same q4_0 rule over 64/128-wide
@@ -17,6 +19,7 @@ use half::f16;
 use hexq_graph::interp::Hook;
 use hexq_graph::rowmm::{RowWeight, Rows};
 use hexq_model::names::{LayerTensor, Role};
+use hexq_quantize::quantsim::FakeQuant;
 use hexq_quantize::Encoding;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -58,9 +61,10 @@ impl Scheme {
             mlp_only,
         })
     }
-    /// Bits per weight including scales (per-channel scales f32 as QNN stores them, group scales fp16).
+    /// Bits per weight including scales (per-channel scales f32 as QNN stores them, group scales fp16), on the
+    /// grid the weight resolves to.
     pub fn bpw(&self, in_features: usize) -> f64 {
-        match self.grid {
+        match resolve(self.grid, in_features) {
             Grid::PerChannel(b) => b as f64 + 32.0 / in_features as f64,
             Grid::Group(g) => 4.0 + 16.0 / g as f64,
             // int4 weights, an 8-bit container per block scale, an f32 per channel.
@@ -248,11 +252,70 @@ impl GridHook {
     }
 
     fn add_sqnr(&self, class: &'static str, s: f64, n: f64, count: u64) {
-        let mut m = self.sqnr.lock().unwrap();
-        let e = m.entry(class).or_insert((0.0, 0.0, 0));
-        e.0 += s;
-        e.1 += n;
-        e.2 += count;
+        add_sqnr(&self.sqnr, class, s, n, count)
+    }
+}
+
+fn add_sqnr(sqnr: &Sqnr, class: &'static str, s: f64, n: f64, count: u64) {
+    let mut m = sqnr.lock().unwrap();
+    let e = m.entry(class).or_insert((0.0, 0.0, 0));
+    e.0 += s;
+    e.1 += n;
+    e.2 += count;
+}
+
+/// A build as an ablation row: an encodings file (`hexq quantize`'s: A16W8, w4a16-lpbq, …) applied as
+/// quantsim applies it — params baked once, activations fake-quantized as they are produced.
+#[derive(Debug, Clone)]
+pub struct Build {
+    pub name: String,
+    pub enc: hexq_quantize::Encodings,
+}
+
+impl Build {
+    /// The activations' widest grid ("int16" for A16W8 and w4a16), for the table's activations column.
+    fn activations(&self) -> String {
+        let bw = self
+            .enc
+            .activation_encodings
+            .values()
+            .flatten()
+            .map(|e| e.bitwidth)
+            .max();
+        bw.map_or("float".into(), |b| format!("int{b}"))
+    }
+}
+
+/// Quantsim's param bake with the weight SQNR measured on the way (MatMul weights, per class).
+struct Measured {
+    inner: hexq_quantize::quantsim::FakeQuant,
+    sqnr: Sqnr,
+}
+
+impl Hook for Measured {
+    fn weight_rows(&mut self, name: &str, w: &RowWeight) -> Option<RowWeight> {
+        use rayon::prelude::*;
+        let r = self.inner.weight_rows(name, w)?;
+        let per: Vec<(f64, f64)> = (0..w.out)
+            .into_par_iter()
+            .map_init(
+                || (Vec::new(), Vec::new()),
+                |(ba, bb), j| err_sums(w.row(j, ba), r.row(j, bb)),
+            )
+            .collect();
+        let (s, n) = per.iter().fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        add_sqnr(&self.sqnr, class_of(name), s, n, (w.out * w.inp) as u64);
+        Some(r)
+    }
+    fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
+        let r = self.inner.tensor(name, t)?;
+        if t.dims().len() == 2 && name.ends_with(".weight.T") {
+            let a: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;
+            let b: Vec<f32> = r.flatten_all().ok()?.to_vec1().ok()?;
+            let (s, n) = err_sums(&a, &b);
+            add_sqnr(&self.sqnr, class_of(name), s, n, a.len() as u64);
+        }
+        Some(r)
     }
 }
 
@@ -401,6 +464,8 @@ impl Hook for GridHook {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Row {
     pub scheme: String,
+    /// "float" (a weights-only grid) or a build's activation grid ("int16").
+    pub activations: String,
     pub bits_per_weight: f64,
     /// Decoder weights (quantized at their grid, the rest bf16), MiB; host-side embeddings excluded.
     pub decoder_mib: f64,
@@ -512,6 +577,7 @@ pub fn ablate(
     ck: &std::sync::Arc<hexq_model::Checkpoint>,
     seqs: &[Vec<u32>],
     schemes: &[Scheme],
+    builds: &[Build],
     heavy_tail: bool,
     o: &hexq_graph::GraphOptions,
     batch: usize,
@@ -520,6 +586,12 @@ pub fn ablate(
     use hexq_graph::Variant;
     use hexq_runtime::graph::GraphBackend;
     let batch = batch.max(1);
+    if heavy_tail && !builds.is_empty() {
+        return Err(hexq_model::Error::Usage(
+            "--heavy-tail changes the weights; an encodings file describes the checkpoint's own (drop one)"
+                .into(),
+        ));
+    }
     // Rings as long as the sequences reach (the same figures; see `build::spanning`), hooks under the full
     // graph's names.
     let reach = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
@@ -531,7 +603,7 @@ pub fn ablate(
     );
     let head = hexq_runtime::graph::Head::of(ck)?;
     let positions: usize = seqs.iter().map(|s| s.len()).sum();
-    pb.set_length(((schemes.len() + 1) * positions) as u64);
+    pb.set_length(((schemes.len() + builds.len() + 1) * positions) as u64);
     let profile = std::env::var_os("HEXQ_PROFILE").is_some();
     let clock = std::time::Instant::now();
     let lap = |what: &str| {
@@ -557,6 +629,24 @@ pub fn ablate(
             })?;
             lap("bake");
         }
+        Ok((b, sqnr))
+    };
+    let build_backend = |bd: &Build| -> hexq_model::Result<(GraphBackend, Sqnr)> {
+        let sqnr: Sqnr = Default::default();
+        let mut b = GraphBackend::for_model(ck, Variant::DecodeWgqa, false, &go)?;
+        lap("load");
+        b.bake(&mut hexq_graph::interp::Renamed {
+            inner: Box::new(Measured {
+                inner: FakeQuant::params_of(&bd.enc),
+                sqnr: sqnr.clone(),
+            }),
+            names: names.clone(),
+        })?;
+        b.hook = Some(Box::new(hexq_graph::interp::Renamed {
+            inner: Box::new(FakeQuant::activations(&bd.enc)),
+            names: names.clone(),
+        }));
+        lap("bake");
         Ok((b, sqnr))
     };
     // Float: logits, log-sum-exp and hidden state at every position.
@@ -599,8 +689,12 @@ pub fn ablate(
         (0..ids.len()).filter_map(move |p| next_nll(s, p, &float[s][p].logits, float[s][p].lse))
     }));
     let mut rows = Vec::new();
-    for sc in schemes {
-        let (mut b, sq) = backend(Some(sc.clone()))?;
+    let cands = schemes.iter().map(Ok).chain(builds.iter().map(Err));
+    for cand in cands {
+        let (name, (mut b, sq)) = match cand {
+            Ok(sc) => (&sc.name, backend(Some(sc.clone()))?),
+            Err(bd) => (&bd.name, build_backend(bd)?),
+        };
         let at: Vec<Vec<Mutex<At>>> = seqs
             .iter()
             .map(|s| s.iter().map(|_| Mutex::new(At::default())).collect())
@@ -625,7 +719,7 @@ pub fn ablate(
             };
         })?;
         drop(b);
-        lap(&sc.name);
+        lap(name);
         let at: Vec<At> = at
             .into_iter()
             .flatten()
@@ -638,11 +732,24 @@ pub fn ablate(
             .iter()
             .map(|(k, (s, n, _))| (k.to_string(), sqnr_db(*s, *n)))
             .collect();
-        sqnr.insert("embeddings".into(), embedding_sqnr(ck, sc.grid)?);
-        let (bits_per_weight, decoder_mib) = accounting(ck, sc);
-        lap("embedding SQNR");
+        // A grid also on the (host-side) embedding table, for its SQNR; a build keeps it in float.
+        let (bits_per_weight, decoder_mib, activations) = match cand {
+            Ok(sc) => {
+                sqnr.insert("embeddings".into(), embedding_sqnr(ck, sc.grid)?);
+                lap("embedding SQNR");
+                let (b, m) = accounting(ck, |spec| {
+                    (!(sc.mlp_only && spec.role != Role::Mlp)).then(|| sc.bpw(spec.shape[1]))
+                });
+                (b, m, "float".to_string())
+            }
+            Err(bd) => {
+                let (b, m) = accounting(ck, |spec| build_bpw(&bd.enc, spec));
+                (b, m, bd.activations())
+            }
+        };
         rows.push(Row {
-            scheme: sc.name.clone(),
+            scheme: name.clone(),
+            activations,
             bits_per_weight,
             decoder_mib,
             sqnr_db: sqnr,
@@ -687,17 +794,19 @@ fn embedding_sqnr(ck: &hexq_model::Checkpoint, grid: Grid) -> hexq_model::Result
     Ok(sqnr_db(s, n))
 }
 
-/// (bits per quantized weight, decoder MiB) from the tensor table: quantized 2-D weights at the scheme's
-/// bits/weight, the rest bf16; host-side vocab tables excluded.
-fn accounting(ck: &hexq_model::Checkpoint, sc: &Scheme) -> (f64, f64) {
+/// (bits per quantized weight, decoder MiB) from the tensor table: 2-D weights at `bpw`'s bits/weight when
+/// it quantizes them, the rest bf16; host-side vocab tables excluded.
+fn accounting(
+    ck: &hexq_model::Checkpoint,
+    bpw: impl Fn(&hexq_model::names::TensorSpec) -> Option<f64>,
+) -> (f64, f64) {
     let (mut bits, mut params, mut bytes) = (0f64, 0f64, 0f64);
     for (spec, _) in &ck.tensors {
         if spec.role.is_vocab() {
             continue;
         }
         let n = spec.numel() as f64;
-        if spec.shape.len() == 2 && !(sc.mlp_only && spec.role != Role::Mlp) {
-            let b = sc.bpw(spec.shape[1]);
+        if let Some(b) = (spec.shape.len() == 2).then(|| bpw(spec)).flatten() {
             bits += b * n;
             params += n;
             bytes += b * n / 8.0;
@@ -706,6 +815,22 @@ fn accounting(ck: &hexq_model::Checkpoint, sc: &Scheme) -> (f64, f64) {
         }
     }
     (bits / params.max(1.0), bytes / (1u64 << 20) as f64)
+}
+
+/// A MatMul weight's bits/weight under an encodings file: LPBQ (int4 + the block's scale in 8 bits + an f32 per
+/// channel), per-channel or per-tensor (bits + an f32 per channel); None when the file leaves it float.
+fn build_bpw(enc: &hexq_quantize::Encodings, spec: &hexq_model::names::TensorSpec) -> Option<f64> {
+    let name = format!("{}.T", spec.name);
+    let n = spec.numel() as f64;
+    if let Some(l) = enc.lpbq_encodings.get(&name) {
+        // The block's scale integer (bw − compressed_bw = 4 bits) sits in an 8-bit container, as in the
+        // exported uint8 DequantizeLinear chain and [`Scheme::bpw`].
+        return Some(
+            l.compressed_bw as f64 + 8.0 / l.block_size as f64 + 32.0 * l.scale.len() as f64 / n,
+        );
+    }
+    let e = enc.param_encodings.get(&name)?;
+    Some(e.first()?.bitwidth as f64 + 32.0 * e.len() as f64 / n)
 }
 
 impl Report {
@@ -720,19 +845,29 @@ impl Report {
             c.dedup();
             c
         };
+        // The activations column only when a build sits beside the weights-only grids.
+        let acts = self.rows.iter().any(|r| r.activations != "float");
         let mut s = format!(
-            "weights-only ablation{} — {} prompts, {} positions; float perplexity {:.3}\n\n| scheme | bits/weight | decoder MiB | {} | top-1 vs float | KL mean | perplexity | hidden cos |\n|---|---|---|{}---|---|---|---|\n",
+            "{}ablation{} — {} prompts, {} positions; float perplexity {:.3}\n\n| scheme |{} bits/weight | decoder MiB | {} | top-1 vs float | KL mean | perplexity | hidden cos |\n|---|{}---|---|{}---|---|---|---|\n",
+            if acts { "" } else { "weights-only " },
             if self.heavy_tail { " (heavy-tailed input channels)" } else { "" },
             self.prompts,
             self.positions,
             self.float_perplexity,
+            if acts { " activations |" } else { "" },
             classes.iter().map(|c| format!("SQNR {c} dB")).collect::<Vec<_>>().join(" | "),
+            if acts { "---|" } else { "" },
             "---|".repeat(classes.len())
         );
         for r in &self.rows {
             s += &format!(
-                "| {} | {:.3} | {:.2} | {} | {:.1} % | {:.4} | {:.3} | {:.5} |\n",
+                "| {} |{} {:.3} | {:.2} | {} | {:.1} % | {:.4} | {:.3} | {:.5} |\n",
                 r.scheme,
+                if acts {
+                    format!(" {} |", r.activations)
+                } else {
+                    String::new()
+                },
                 r.bits_per_weight,
                 r.decoder_mib,
                 classes
@@ -754,7 +889,7 @@ impl Report {
     }
 
     pub fn csv(&self) -> String {
-        let mut s = String::from("scheme,bits_per_weight,decoder_mib,sqnr_attention_db,sqnr_mlp_db,sqnr_embeddings_db,top1_agreement,kl_mean,perplexity,hidden_cosine_mean\n");
+        let mut s = String::from("scheme,activations,bits_per_weight,decoder_mib,sqnr_attention_db,sqnr_mlp_db,sqnr_embeddings_db,top1_agreement,kl_mean,perplexity,hidden_cosine_mean\n");
         for r in &self.rows {
             let g = |k: &str| {
                 r.sqnr_db
@@ -763,8 +898,9 @@ impl Report {
                     .unwrap_or_default()
             };
             s += &format!(
-                "{},{:.4},{:.3},{},{},{},{:.5},{:.6},{:.5},{:.6}\n",
+                "{},{},{:.4},{:.3},{},{},{},{:.5},{:.6},{:.5},{:.6}\n",
                 r.scheme,
+                r.activations,
                 r.bits_per_weight,
                 r.decoder_mib,
                 g("attention"),

@@ -1,8 +1,9 @@
-//! `hexq ablate`: weights-only grids vs float, side by side (table, JSON/CSV, SVG plot).
+//! `hexq ablate`: weights-only grids (and whole builds' encodings) vs float, side by side (table, JSON/CSV,
+//! SVG plot).
 
 use super::{model_dir, position_progress};
 use anyhow::Result;
-use hexq_eval::ablate::{ablate, Scheme};
+use hexq_eval::ablate::{ablate, Build, Scheme};
 use hexq_graph::GraphOptions;
 use hexq_model::chat::Tokenizer;
 use hexq_model::Checkpoint;
@@ -22,6 +23,11 @@ pub struct Args {
         default_value = ALL_SCHEMES
     )]
     pub schemes: Vec<Scheme>,
+    /// A whole build as a row, NAME=FILE (repeatable): an encodings file from `hexq quantize` (A16W8,
+    /// w4a16-lpbq, …) applied as `hexq verify` applies it — params and activations — over the same positions
+    /// as the weights-only grids. `--schemes none` leaves only these rows.
+    #[arg(long = "encodings", value_name = "NAME=FILE")]
+    pub builds: Vec<String>,
     #[arg(long, default_value = "datasets/heldout.jsonl")]
     pub dataset: PathBuf,
     #[arg(long, default_value_t = 24, value_parser = super::positive)]
@@ -48,6 +54,14 @@ pub struct Args {
 }
 
 fn parse_scheme(s: &str) -> Result<Scheme, String> {
+    if s.trim() == "none" {
+        // Filtered out in `run` (`--schemes none`: only the --encodings rows).
+        return Ok(Scheme {
+            name: "none".into(),
+            grid: hexq_eval::ablate::Grid::PerChannel(8),
+            mlp_only: false,
+        });
+    }
     Scheme::parse(s.trim()).ok_or_else(|| {
         format!("unknown scheme {s:?} (int8-pc, int4-pc, int4-pc-mlp-only, q4_0-g32, g64, g128, lpbq-b32, lpbq-b64, lpbq-b128)")
     })
@@ -60,6 +74,7 @@ impl Args {
         Args {
             model,
             schemes: ALL_SCHEMES.split(',').filter_map(Scheme::parse).collect(),
+            builds: vec![],
             dataset,
             limit,
             heavy_tail: false,
@@ -90,13 +105,44 @@ pub fn run(a: Args) -> Result<()> {
         };
         seqs.push(ids.into_iter().take(a.context).collect::<Vec<u32>>());
     }
+    let schemes: Vec<Scheme> = a
+        .schemes
+        .iter()
+        .filter(|s| s.name != "none")
+        .cloned()
+        .collect();
+    let mut builds = Vec::new();
+    for b in &a.builds {
+        let (name, file) = b
+            .split_once('=')
+            .filter(|(n, f)| !n.is_empty() && !f.is_empty())
+            .ok_or_else(|| anyhow::anyhow!("--encodings {b:?}: expected NAME=FILE"))?;
+        let enc = hexq_quantize::Encodings::from_file(std::path::Path::new(file))?;
+        builds.push(Build {
+            name: name.into(),
+            enc,
+        });
+    }
+    anyhow::ensure!(
+        !schemes.is_empty() || !builds.is_empty(),
+        "nothing to compare: --schemes none and no --encodings"
+    );
     super::set_threads(a.threads);
     let pb = position_progress("ablate");
     let o = GraphOptions {
         context: a.context,
         seq: 128,
     };
-    let rep = ablate(&ck, &seqs, &a.schemes, a.heavy_tail, &o, a.batch, &pb)?;
+    let rep = ablate(
+        &ck,
+        &seqs,
+        &schemes,
+        &builds,
+        a.heavy_tail,
+        &o,
+        a.batch,
+        &pb,
+    )?;
     pb.finish_and_clear();
     if let Some(p) = &a.plot {
         hexq_fsutil::write_atomic(p, rep.svg().as_bytes())?;
