@@ -68,7 +68,10 @@ fn compile_run_verify_on_the_htp_simulator() {
         return;
     }
     let t = tempfile::tempdir().unwrap();
+    let t0 = std::time::Instant::now();
+    let lap = |what: &str| eprintln!("[{:6.1} s] {what}", t0.elapsed().as_secs_f64());
     let (_, enc, enc8) = calibrate_quantize(t.path(), 16, 64, 4);
+    lap("calibrate + quantize");
     // The trunk has its own calibration (the SEQ-token graph's activation ranges).
     let (tst, tenc) = (t.path().join("tstats.json"), t.path().join("tenc.json"));
     hexq_ok(&[
@@ -149,6 +152,7 @@ fn compile_run_verify_on_the_htp_simulator() {
             .collect();
         assert!(left.is_empty(), "{v}: {left:?}");
     }
+    lap("export + compile");
     let (dq, tq) = (dirs[0].1.to_str().unwrap(), dirs[2].1.to_str().unwrap());
 
     // Refusals: already compiled (no --force); a float graph through ort-qnn.
@@ -194,6 +198,7 @@ m = h.make_model(g, opset_imports=[h.make_opsetid('', 21)]); m.ir_version = 10; 
         "only the manifest and the graph remain: {names:?}"
     );
 
+    lap("refusals");
     // run --backend qnn: a prompt past the 16-position sliding window (ring wrap), token by token through the
     // decode binary. One context, 2 buffers per KV tensor however many steps.
     let prompt = "Tell me a story about a ship that sails across the ocean.";
@@ -276,6 +281,7 @@ m = h.make_model(g, opset_imports=[h.make_opsetid('', 21)]); m.ir_version = 10; 
     assert_eq!(g["stats"]["contexts_created"], 2, "{g}");
     assert_eq!(g["stats"]["qnn_ep_context_loads"], 2, "{g}");
 
+    lap("runs");
     // verify --backend qnn: bounds from the README's measurement (12 held-out prompts): HTP vs quantsim.
     let rows = json_out(&[
         "verify",
@@ -295,6 +301,7 @@ m = h.make_model(g, opset_imports=[h.make_opsetid('', 21)]); m.ir_version = 10; 
         "4",
         "--json",
     ]);
+    lap("verify");
     let rows = rows.as_array().unwrap();
     assert_eq!(rows.len(), 3 * (1 + 2 * 2));
     for r in rows {

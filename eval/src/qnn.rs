@@ -60,20 +60,31 @@ pub fn verify_exports(
         let r = compare(&vname, &mut float, &mut qs, tok, recs, o.context, st, &pb)?;
         pb.finish_and_clear();
         rows.push(row(&vname, "-", "quantsim", "float", None, r));
+        // Every execution provider's candidate at once against one run of the references.
+        let mut cands = Vec::new();
         for ep in eps {
             let (t, cand) = match ep {
                 Ep::Qnn { target } => (target.clone(), "htp"),
                 Ep::Cpu => ("ort-cpu".to_string(), "ort"),
             };
-            let mut htp = OrtBackend::open(&[a.clone()], 1, ep.clone())?;
-            // The candidate runs once against both references (decode steps follow float's greedy tokens).
-            let pb = progress(&format!("{vname} {t}: {cand} vs float and quantsim"));
-            let refs: &mut [&mut dyn hexq_runtime::Hidden] = &mut [&mut float, &mut qs];
-            let rs = compare_many(&vname, refs, &mut htp, tok, recs, o.context, st, &pb)?;
-            pb.finish_and_clear();
-            let counts = (htp.sessions_created, htp.kv_buffers_allocated);
+            cands.push((t, cand, OrtBackend::open(&[a.clone()], 1, ep.clone())?));
+        }
+        if cands.is_empty() {
+            continue;
+        }
+        let names: Vec<String> = cands.iter().map(|c| format!("{} {}", c.1, c.0)).collect();
+        let pb = progress(&format!("{vname}: {} vs float and quantsim", names.join(", ")));
+        let refs: &mut [&mut dyn hexq_runtime::Hidden] = &mut [&mut float, &mut qs];
+        let mut cs: Vec<&mut (dyn hexq_runtime::Hidden + Send)> = cands
+            .iter_mut()
+            .map(|c| &mut c.2 as &mut (dyn hexq_runtime::Hidden + Send))
+            .collect();
+        let rs = compare_many(&vname, refs, &mut cs, tok, recs, o.context, st, &pb)?;
+        pb.finish_and_clear();
+        for ((t, cand, b), rs) in cands.iter().zip(rs) {
+            let counts = (b.sessions_created, b.kv_buffers_allocated);
             for (refname, r) in ["float", "quantsim"].into_iter().zip(rs) {
-                rows.push(row(&vname, &t, cand, refname, Some(counts), r));
+                rows.push(row(&vname, t, cand, refname, Some(counts), r));
             }
         }
     }

@@ -416,74 +416,116 @@ fn decode_batched(
 pub fn compare(
     label: &str,
     reference: &mut dyn hexq_runtime::Hidden,
-    cand: &mut dyn hexq_runtime::Hidden,
+    cand: &mut (dyn hexq_runtime::Hidden + Send),
     tok: &Tokenizer,
     recs: &[Record],
     context: usize,
     steps: usize,
     pb: &indicatif::ProgressBar,
 ) -> Result<Report> {
-    Ok(compare_many(label, &mut [reference], cand, tok, recs, context, steps, pb)?.remove(0))
+    let mut r = compare_many(label, &mut [reference], &mut [cand], tok, recs, context, steps, pb)?;
+    Ok(r.remove(0).remove(0))
 }
 
-/// [`compare`] against several references at once, the candidate run once (it may be slow: the HTP
-/// simulator). Decode steps are driven by the first reference's greedy tokens; one report per reference.
+/// [`compare`] for several candidates against several references: each reference runs once (decode steps
+/// driven by the first reference's greedy tokens) and the candidates run side by side on their own threads
+/// (the HTP simulator is slow and single-threaded: two targets take the time of one). Reports
+/// `[candidate][reference]`; every candidate sees exactly the calls it would see alone.
 #[allow(clippy::too_many_arguments)]
 pub fn compare_many(
     label: &str,
     refs: &mut [&mut dyn hexq_runtime::Hidden],
-    cand: &mut dyn hexq_runtime::Hidden,
+    cands: &mut [&mut (dyn hexq_runtime::Hidden + Send)],
     tok: &Tokenizer,
     recs: &[Record],
     context: usize,
     steps: usize,
     pb: &indicatif::ProgressBar,
-) -> Result<Vec<Report>> {
-    let mut per: Vec<Vec<PromptResult>> = vec![Vec::new(); refs.len()];
+) -> Result<Vec<Vec<Report>>> {
+    type Hl = (Vec<f32>, Vec<f32>);
+    // `f` on every candidate at once, the references' work `g` on this thread meanwhile.
+    fn side_by_side<T>(
+        cands: &mut [&mut (dyn hexq_runtime::Hidden + Send)],
+        f: &(dyn Fn(&mut (dyn hexq_runtime::Hidden + Send)) -> Result<Hl> + Sync),
+        g: impl FnOnce() -> Result<T>,
+    ) -> Result<(Vec<Hl>, T)> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = cands.iter_mut().map(|c| s.spawn(move || f(&mut **c))).collect();
+            let t = g();
+            let out = hs
+                .into_iter()
+                .map(|h| h.join().expect("candidate thread panicked"))
+                .collect::<Result<Vec<_>>>()?;
+            Ok((out, t?))
+        })
+    }
+    let mut per: Vec<Vec<Vec<PromptResult>>> = vec![vec![Vec::new(); refs.len()]; cands.len()];
     pb.set_length(recs.len() as u64);
     for r in recs {
         let ids = prompt_ids(tok, r, context, steps)?;
-        cand.reset_all();
-        let hq = cand.hidden_all(&ids)?.pop().unwrap();
-        let mut lq = cand.logits_of(&hq)?;
-        let mut lfs = Vec::new();
-        for (k, rf) in refs.iter_mut().enumerate() {
-            rf.reset_all();
-            let hf = rf.hidden_all(&ids)?.pop().unwrap();
-            let lf = rf.logits_of(&hf)?;
-            per[k].push(PromptResult::prefill(
-                &r.id,
-                ids.len(),
-                (&hf, &lf),
-                (&hq, &lq),
-            ));
-            lfs.push(lf);
+        let prefill = |c: &mut (dyn hexq_runtime::Hidden + Send)| -> Result<Hl> {
+            c.reset_all();
+            let h = c.hidden_all(&ids)?.pop().unwrap();
+            let l = c.logits_of(&h)?;
+            Ok((h, l))
+        };
+        let (mut cq, rf) = side_by_side(cands, &prefill, || {
+            refs.iter_mut()
+                .map(|rf| {
+                    rf.reset_all();
+                    let hf = rf.hidden_all(&ids)?.pop().unwrap();
+                    let lf = rf.logits_of(&hf)?;
+                    Ok((hf, lf))
+                })
+                .collect::<Result<Vec<Hl>>>()
+        })?;
+        for (c, (hq, lq)) in cq.iter().enumerate() {
+            for (k, (hf, lf)) in rf.iter().enumerate() {
+                per[c][k].push(PromptResult::prefill(&r.id, ids.len(), (hf, lf), (hq, lq)));
+            }
         }
+        let mut lfs: Vec<Vec<f32>> = rf.into_iter().map(|x| x.1).collect();
         for _ in 0..steps {
             let drive = argmax(&lfs[0]);
-            for (k, lf) in lfs.iter().enumerate() {
-                let res = per[k].last_mut().unwrap();
-                if argmax(&lq) != argmax(lf) {
-                    res.greedy_exact = false;
-                } else if res.greedy_exact {
-                    res.greedy_agree_steps += 1;
+            for (c, (_, lq)) in cq.iter().enumerate() {
+                for (k, lf) in lfs.iter().enumerate() {
+                    let res = per[c][k].last_mut().unwrap();
+                    if argmax(lq) != argmax(lf) {
+                        res.greedy_exact = false;
+                    } else if res.greedy_exact {
+                        res.greedy_agree_steps += 1;
+                    }
                 }
             }
-            let hq = cand.step_one(drive)?;
-            lq = cand.logits_of(&hq)?;
-            for (k, rf) in refs.iter_mut().enumerate() {
-                let hf = rf.step_one(drive)?;
-                let res = per[k].last_mut().unwrap();
-                res.step_cosine.push(cos(&hf, &hq));
-                res.norm_ratio = res.norm_ratio.min(norm(&hq) / norm(&hf).max(1e-30));
-                lfs[k] = rf.logits_of(&hf)?;
+            let step = |c: &mut (dyn hexq_runtime::Hidden + Send)| -> Result<Hl> {
+                let h = c.step_one(drive)?;
+                let l = c.logits_of(&h)?;
+                Ok((h, l))
+            };
+            let (q, rf) = side_by_side(cands, &step, || {
+                refs.iter_mut()
+                    .map(|rf| {
+                        let hf = rf.step_one(drive)?;
+                        let lf = rf.logits_of(&hf)?;
+                        Ok((hf, lf))
+                    })
+                    .collect::<Result<Vec<Hl>>>()
+            })?;
+            cq = q;
+            for (c, (hq, _)) in cq.iter().enumerate() {
+                for (k, (hf, _)) in rf.iter().enumerate() {
+                    let res = per[c][k].last_mut().unwrap();
+                    res.step_cosine.push(cos(hf, hq));
+                    res.norm_ratio = res.norm_ratio.min(norm(hq) / norm(hf).max(1e-30));
+                }
             }
+            lfs = rf.into_iter().map(|x| x.1).collect();
         }
         pb.inc(1);
     }
     Ok(per
         .into_iter()
-        .map(|p| summarize(label, p, steps, vec![]))
+        .map(|pc| pc.into_iter().map(|p| summarize(label, p, steps, vec![])).collect())
         .collect())
 }
 
