@@ -73,7 +73,10 @@ pub fn verify_exports(
             continue;
         }
         let names: Vec<String> = cands.iter().map(|c| format!("{} {}", c.1, c.0)).collect();
-        let pb = progress(&format!("{vname}: {} vs float and quantsim", names.join(", ")));
+        let pb = progress(&format!(
+            "{vname}: {} vs float and quantsim",
+            names.join(", ")
+        ));
         let refs: &mut [&mut dyn hexq_runtime::Hidden] = &mut [&mut float, &mut qs];
         let mut cs: Vec<&mut (dyn hexq_runtime::Hidden + Send)> = cands
             .iter_mut()

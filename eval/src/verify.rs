@@ -423,7 +423,16 @@ pub fn compare(
     steps: usize,
     pb: &indicatif::ProgressBar,
 ) -> Result<Report> {
-    let mut r = compare_many(label, &mut [reference], &mut [cand], tok, recs, context, steps, pb)?;
+    let mut r = compare_many(
+        label,
+        &mut [reference],
+        &mut [cand],
+        tok,
+        recs,
+        context,
+        steps,
+        pb,
+    )?;
     Ok(r.remove(0).remove(0))
 }
 
@@ -450,7 +459,10 @@ pub fn compare_many(
         g: impl FnOnce() -> Result<T>,
     ) -> Result<(Vec<Hl>, T)> {
         std::thread::scope(|s| {
-            let hs: Vec<_> = cands.iter_mut().map(|c| s.spawn(move || f(&mut **c))).collect();
+            let hs: Vec<_> = cands
+                .iter_mut()
+                .map(|c| s.spawn(move || f(&mut **c)))
+                .collect();
             let t = g();
             let out = hs
                 .into_iter()
@@ -525,7 +537,11 @@ pub fn compare_many(
     }
     Ok(per
         .into_iter()
-        .map(|pc| pc.into_iter().map(|p| summarize(label, p, steps, vec![])).collect())
+        .map(|pc| {
+            pc.into_iter()
+                .map(|p| summarize(label, p, steps, vec![]))
+                .collect()
+        })
         .collect())
 }
 
