@@ -343,6 +343,7 @@ fn small_calibration() -> Option<(std::path::PathBuf, std::path::PathBuf, std::p
             "4",
             "--out",
             st.to_str().unwrap(),
+            "--force",
         ]);
         common::hexq_ok(&[
             "quantize",
@@ -352,6 +353,7 @@ fn small_calibration() -> Option<(std::path::PathBuf, std::path::PathBuf, std::p
             st.to_str().unwrap(),
             "--out",
             enc.to_str().unwrap(),
+            "--force",
         ]);
         Some((dir, st, enc))
     })
@@ -457,8 +459,10 @@ fn a16w8_quantsim_tracks_float_on_the_trained_model() {
 
 /// Issue 19's table on the trained model (a small run of the README's): A16W8, w4a16-lpbq (B = 64),
 /// w4a16-pc as builds (params and activations) and q4_0-g32 weights-only, side by side in `hexq ablate`
-/// over every position of 6 held-out chat prompts. Measured (2026-12-05): see the bounds; held to them with
-/// margin, and to the order the README's full-set table shows.
+/// over every position of 6 held-out chat prompts (135). Measured (2026-12-05): top-1 / KL / perplexity
+/// (float 13614) / hidden cos — a16w8 0.985 / 0.0079 / 13596 / 0.99873; lpbq-b64 0.556 / 0.670 / 13932 /
+/// 0.90108; w4a16-pc 0.422 / 1.31 / 23373 / 0.78567; q4_0-g32 (weights only) 0.696 / 0.419 / 18495 /
+/// 0.93025. Held to bounds with margin, and to the order the README's full-set table shows.
 #[test]
 fn w4a16_table_on_the_trained_model() {
     let Some((dir, st, enc)) = small_calibration() else {
@@ -534,10 +538,10 @@ fn w4a16_table_on_the_trained_model() {
     }
     // (scheme, activations, bits/weight, top-1 ≥, KL ≤, perplexity ≤ × float, hidden cos ≥)
     let bounds = [
-        ("a16w8", "int16", 8.04, 0.0, 0.0, 0.0, 0.0),
-        ("w4a16-lpbq-b64", "int16", 4.165, 0.0, 0.0, 0.0, 0.0),
-        ("w4a16-pc", "int16", 4.04, 0.0, 0.0, 0.0, 0.0),
-        ("q4_0-g32", "float", 4.5, 0.0, 0.0, 0.0, 0.0),
+        ("a16w8", "int16", 8.04, 0.96, 0.015, 1.02, 0.998),
+        ("w4a16-lpbq-b64", "int16", 4.165, 0.48, 0.8, 1.1, 0.88),
+        ("w4a16-pc", "int16", 4.04, 0.35, 1.5, 2.0, 0.75),
+        ("q4_0-g32", "float", 4.5, 0.62, 0.5, 1.6, 0.91),
     ];
     let fp = f2(&r, "float_perplexity");
     for (s, act, bits, top1, kl, ppl, cos) in bounds {
