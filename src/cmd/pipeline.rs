@@ -401,8 +401,20 @@ fn host_formats(a: &Args, s: &mut Stages) {
     // Random weights have no outlier channels: the bundled model's ablation imitates them; a real
     // checkpoint's is run as it is.
     let heavy = a.model.is_none();
+    // A real checkpoint's builds beside the grids (perplexity and every position's figures for A16W8 and
+    // its int8-KV variant); on heavy-tailed weights the encodings would describe other weights.
+    let builds = [
+        ("a16w8", "decode_wgqa.encodings.json"),
+        ("a16w8-int8kv", "decode_wgqa_int8kv.encodings.json"),
+    ]
+    .into_iter()
+    .map(|(n, f)| (n, a.out.join(f)))
+    .filter(|(_, f)| !heavy && f.is_file())
+    .map(|(n, f)| format!("{n}={}", f.display()))
+    .collect();
     let ab = ablate::Args {
         heavy_tail: heavy,
+        builds,
         plot: Some(svg.clone()),
         ..ablate::Args::new(
             m.clone(),
