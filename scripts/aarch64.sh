@@ -21,14 +21,16 @@ if command -v rustup > /dev/null && ! rustup target list --installed | grep -qx 
 fi
 
 echo "== cross-compiling hexq (runtime + CLI) for $T"
-# No debug line tables for the ARM build (only the host build's backtraces need them): a quicker link.
+# No debug line tables for the ARM build (only the host build's backtraces need them): a quicker link. The
+# host build below keeps whatever the caller's build had (CI: none; the profile's default: line tables).
+HOST_DEBUG="${CARGO_PROFILE_RELEASE_DEBUG:-line-tables-only}"
 export CARGO_PROFILE_RELEASE_DEBUG=false
 # opt-level 1 for the check (HEXQ_ARM_OPT_LEVEL=3 for a shipping build): on 2 cores the cross build takes
 # 3 min 40 s instead of 5 min 45 s, and the tiny model's runs under qemu need no more; the ids compared
 # below are the same at either level (no fast-math: the float operations and their order are the source's).
 export CARGO_PROFILE_RELEASE_OPT_LEVEL="${HEXQ_ARM_OPT_LEVEL:-1}"
 cargo build --release --target "$T" -p hexq
-CARGO_PROFILE_RELEASE_DEBUG=line-tables-only CARGO_PROFILE_RELEASE_OPT_LEVEL=3 cargo build --release -p hexq # the host build makes the export the ort backend runs
+CARGO_PROFILE_RELEASE_DEBUG=$HOST_DEBUG CARGO_PROFILE_RELEASE_OPT_LEVEL=3 cargo build --release -p hexq # the host build makes the export the ort backend runs
 
 # onnxruntime's aarch64 wheel, the same version as the host's (PyPI), unpacked once.
 ORT_VER="$(python3 -c 'import onnxruntime; print(onnxruntime.__version__)')"
