@@ -689,11 +689,19 @@ pub fn ablate(
         (0..ids.len()).filter_map(move |p| next_nll(s, p, &float[s][p].logits, float[s][p].lse))
     }));
     let mut rows = Vec::new();
-    let cands = schemes.iter().map(Ok).chain(builds.iter().map(Err));
+    /// One row's source: a weight grid or a whole build.
+    enum Cand<'a> {
+        Grid(&'a Scheme),
+        Build(&'a Build),
+    }
+    let cands = schemes
+        .iter()
+        .map(Cand::Grid)
+        .chain(builds.iter().map(Cand::Build));
     for cand in cands {
         let (name, (mut b, sq)) = match cand {
-            Ok(sc) => (&sc.name, backend(Some(sc.clone()))?),
-            Err(bd) => (&bd.name, build_backend(bd)?),
+            Cand::Grid(sc) => (&sc.name, backend(Some(sc.clone()))?),
+            Cand::Build(bd) => (&bd.name, build_backend(bd)?),
         };
         let at: Vec<Vec<Mutex<At>>> = seqs
             .iter()
@@ -734,7 +742,7 @@ pub fn ablate(
             .collect();
         // A grid also on the (host-side) embedding table, for its SQNR; a build keeps it in float.
         let (bits_per_weight, decoder_mib, activations) = match cand {
-            Ok(sc) => {
+            Cand::Grid(sc) => {
                 sqnr.insert("embeddings".into(), embedding_sqnr(ck, sc.grid)?);
                 lap("embedding SQNR");
                 let (b, m) = accounting(ck, |spec| {
@@ -742,7 +750,7 @@ pub fn ablate(
                 });
                 (b, m, "float".to_string())
             }
-            Err(bd) => {
+            Cand::Build(bd) => {
                 let (b, m) = accounting(ck, |spec| build_bpw(&bd.enc, spec));
                 (b, m, bd.activations())
             }
