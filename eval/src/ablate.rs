@@ -320,7 +320,7 @@ impl Hook for Measured {
 }
 
 impl Hook for GridHook {
-    /// A MatMul weight's rows on the grid, kept as integers and per-group scales (`Rows::Q16`, exactly the
+    /// A MatMul weight's rows on the grid, kept as integers and per-group scales (`Rows::Q8`/`Q16`, exactly the
     /// gridded f32 values; 2 bytes a weight instead of 4 — what lets an E2B decoder sit in memory per scheme).
     /// Heavy-tail scaling first, then the grid; f32 rows when a grid's values are not integer × scale.
     fn weight_rows(&mut self, name: &str, w: &RowWeight) -> Option<RowWeight> {
@@ -340,7 +340,7 @@ impl Hook for GridHook {
             }
         };
         let f32_rows = |grid: Option<Grid>| {
-            let mut f = vec![0f32; w.out * w.inp];
+            let mut f = hexq_graph::rowmm::zeroed::<f32>(w.out * w.inp);
             f.par_chunks_mut(w.inp).enumerate().for_each_init(
                 || (Vec::new(), Vec::new()),
                 |(buf, row), (j, dst)| {
@@ -362,7 +362,7 @@ impl Hook for GridHook {
         };
         // Each row gridded in a per-thread buffer and stored as its integers straight away (no f32 copy of
         // the weight): (Σx², Σ(x−q)², group, integers exact) per row.
-        let mut q = vec![0i16; w.out * w.inp];
+        let mut q = hexq_graph::rowmm::zeroed::<i16>(w.out * w.inp);
         let mut scales: Vec<Vec<f32>> = vec![Vec::new(); w.out];
         let per: Vec<(f64, f64, usize, bool)> = q
             .par_chunks_mut(w.inp)
@@ -396,11 +396,7 @@ impl Hook for GridHook {
         Some(RowWeight {
             out: w.out,
             inp: w.inp,
-            rows: Rows::Q16 {
-                q,
-                scale: scales.concat(),
-                group: per[0].2,
-            },
+            rows: Rows::ints(q, scales.concat(), per[0].2),
         })
     }
 

@@ -21,7 +21,7 @@ fn main() {
         let bf: Vec<u16> = (0..out * inp).map(|i| 0x3c00 + (i % 251) as u16).collect();
         let forms = [
             (
-                "int8 (Q16)",
+                "int8 (Q8)",
                 RowWeight {
                     out,
                     inp,
@@ -40,10 +40,10 @@ fn main() {
         // Cold: 16 copies of the weight cycled (≈ 300 MB, past the caches), as a model's layers stream by.
         let copies: Vec<RowWeight> = (0..16)
             .map(|_| match &forms[0].1.rows {
-                Rows::Q16 { q, scale, group } => RowWeight {
+                Rows::Q8 { q, scale, group } => RowWeight {
                     out,
                     inp,
-                    rows: Rows::Q16 {
+                    rows: Rows::Q8 {
                         q: q.clone(),
                         scale: scale.clone(),
                         group: *group,
@@ -62,7 +62,7 @@ fn main() {
         let dt = t.elapsed().as_secs_f64() / copies.len() as f64;
         let gf = 2.0 * (64 * out * inp) as f64 / dt / 1e9;
         println!(
-            "| {name} [{out}, {inp}] | 64 | int8 (Q16), cold | {:.2} | {gf:.1} |",
+            "| {name} [{out}, {inp}] | 64 | int8 (Q8), cold | {:.2} | {gf:.1} |",
             dt * 1e3
         );
         for rows in [16usize, 64] {

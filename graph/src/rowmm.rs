@@ -33,15 +33,38 @@ pub enum Rows {
         scale: Vec<f32>,
         group: usize,
     },
+    /// [`Rows::Q16`] in one byte a value, where every integer fits (symmetric int8 weights, 4-bit grids):
+    /// half the memory, half the bytes each packing reads.
+    Q8 {
+        q: Vec<i8>,
+        scale: Vec<f32>,
+        group: usize,
+    },
 }
 
 impl Rows {
     /// Per-channel integer rows (one scale per row).
     pub fn per_channel(q: Vec<i16>, scale: Vec<f32>, inp: usize) -> Rows {
-        Rows::Q16 {
-            q,
+        Rows::ints(q, scale, inp)
+    }
+
+    /// Integer rows with one scale per `group` inputs: one byte a value when every integer fits in an i8
+    /// ([`Rows::Q8`]), else two ([`Rows::Q16`]).
+    pub fn ints(q: Vec<i16>, scale: Vec<f32>, group: usize) -> Rows {
+        let fits = q
+            .par_chunks(1 << 16)
+            .all(|c| c.iter().all(|&v| v as i8 as i16 == v));
+        if !fits {
+            return Rows::Q16 { q, scale, group };
+        }
+        let mut q8 = zeroed::<i8>(q.len());
+        q8.par_chunks_mut(1 << 16)
+            .zip(q.par_chunks(1 << 16))
+            .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = s as i8));
+        Rows::Q8 {
+            q: q8,
             scale,
-            group: inp,
+            group,
         }
     }
 }
@@ -106,9 +129,32 @@ impl RowWeight {
                         .map(|(k, &v)| v as f32 * sc[k >> shift]),
                 );
             }
+            Rows::Q8 { q, scale, group } => {
+                let (ng, shift) = groups(*group, self.inp);
+                let sc = &scale[j * ng..(j + 1) * ng];
+                buf.extend(
+                    q[src]
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &v)| v as f32 * sc[k >> shift]),
+                );
+            }
         }
         buf
     }
+}
+
+/// A zeroed vector for a weight's values, its pages first touched by all threads at once: a fresh page costs
+/// a fault and a clear (on a VM, ~3 s per GB), and `vec![0; n]` takes them all on one thread while the
+/// parallel fill that follows waits.
+pub fn zeroed<T: Copy + Default + Send + Sync>(n: usize) -> Vec<T> {
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    v.spare_capacity_mut()
+        .par_chunks_mut(1 << 16)
+        .for_each(|c| c.iter_mut().for_each(|x| _ = x.write(T::default())));
+    // SAFETY: every element of 0..n was written above.
+    unsafe { v.set_len(n) };
+    v
 }
 
 /// Smallest integer group: every 8-lane load of a Q16 row stays in one group.
@@ -161,6 +207,8 @@ enum Src {
     Bf16(*const u16),
     /// Integers, their scales from row 0 of the block, groups per row, group shift.
     Q16(*const i16, *const f32, usize, u32),
+    /// The same for one-byte integers.
+    Q8(*const i8, *const f32, usize, u32),
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -181,6 +229,11 @@ impl Src {
                 let v = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(h));
                 _mm256_mul_ps(v, _mm256_set1_ps(*sc.add(row * ng + (k >> shift))))
             }
+            Src::Q8(p, sc, ng, shift) => {
+                let h = _mm_loadl_epi64(p.add(at) as *const __m128i);
+                let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h));
+                _mm256_mul_ps(v, _mm256_set1_ps(*sc.add(row * ng + (k >> shift))))
+            }
         }
     }
 
@@ -192,6 +245,7 @@ impl Src {
             Src::F32(p) => *p.add(at),
             Src::Bf16(p) => f32::from_bits((p.add(at).read_unaligned() as u32) << 16),
             Src::Q16(p, sc, ng, shift) => *p.add(at) as f32 * *sc.add(row * ng + (k >> shift)),
+            Src::Q8(p, sc, ng, shift) => *p.add(at) as f32 * *sc.add(row * ng + (k >> shift)),
         }
     }
 }
@@ -417,6 +471,10 @@ fn run_block(
                 let (ng, shift) = groups(*group, inp);
                 Src::Q16(q[j0 * inp..].as_ptr(), scale[j0 * ng..].as_ptr(), ng, shift)
             }
+            Rows::Q8 { q, scale, group } => {
+                let (ng, shift) = groups(*group, inp);
+                Src::Q8(q[j0 * inp..].as_ptr(), scale[j0 * ng..].as_ptr(), ng, shift)
+            }
         };
         // SAFETY: avx2() checked the CPU's features; the pointers cover rows j0..j0 + ncol.
         return unsafe { block_avx2(x, rows, inp, src, ncol, out) };
@@ -542,11 +600,16 @@ mod tests {
                 Rows::Bf16(bf),
                 Rows::Bf16Mapped { map, start: 1 },
                 Rows::Q16 {
-                    q,
-                    scale: sc,
+                    q: q.clone(),
+                    scale: sc.clone(),
                     group,
                 },
+                Rows::ints(q, sc, group),
             ];
+            assert!(
+                matches!(forms[4], Rows::Q8 { .. }),
+                "values in ±127 are kept in a byte"
+            );
             for rows_form in forms {
                 let w = RowWeight {
                     out,
@@ -567,6 +630,10 @@ mod tests {
                     Rows::Q16 { q, scale, group } => {
                         let (ng, shift) = groups(*group, inp);
                         Src::Q16(q.as_ptr(), scale.as_ptr(), ng, shift)
+                    }
+                    Rows::Q8 { q, scale, group } => {
+                        let (ng, shift) = groups(*group, inp);
+                        Src::Q8(q.as_ptr(), scale.as_ptr(), ng, shift)
                     }
                 };
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();

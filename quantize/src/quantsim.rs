@@ -114,12 +114,12 @@ impl Hook for FakeQuant {
         if e.iter().any(|x| x.bitwidth > 8) {
             return None;
         }
-        if matches!(w.rows, Rows::Q16 { .. }) {
+        if matches!(w.rows, Rows::Q16 { .. } | Rows::Q8 { .. }) {
             return None;
         }
         // Rows in parallel (one weight is up to 400 M values at E2B; bake hands weights over one at a time).
         use rayon::prelude::*;
-        let mut q = vec![0i16; w.out * w.inp];
+        let mut q = hexq_graph::rowmm::zeroed::<i16>(w.out * w.inp);
         q.par_chunks_mut(w.inp)
             .enumerate()
             .for_each_init(Vec::new, |buf, (j, dst)| {
