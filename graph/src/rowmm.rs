@@ -157,8 +157,6 @@ pub fn zeroed<T: Copy + Default + Send + Sync>(n: usize) -> Vec<T> {
     v
 }
 
-thread_local! { static NO_PREFETCH: bool = std::env::var_os("HEXQ_NO_PREFETCH").is_some(); }
-
 /// Smallest integer group: every 8-lane load of a Q16 row stays in one group.
 const LANES: usize = 16;
 
@@ -236,28 +234,6 @@ impl Src {
                 let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h));
                 _mm256_mul_ps(v, _mm256_set1_ps(*sc.add(row * ng + (k >> shift))))
             }
-        }
-    }
-
-    /// Ask for weight rows `rows`, inputs `k0..k0 + kc`, to be brought into L2 — the next chunk's rows,
-    /// while this chunk's tiles compute: the packer otherwise waits on DRAM line by line (a decode step
-    /// streams every weight once).
-    #[inline(always)]
-    unsafe fn prefetch(self, inp: usize, rows: std::ops::Range<usize>, (k0, kc): (usize, usize)) {
-        use std::arch::x86_64::*;
-        let (p, size): (*const i8, usize) = match self {
-            Src::F32(p) => (p as *const i8, 4),
-            Src::Bf16(p) => (p as *const i8, 2),
-            Src::Q16(p, ..) => (p as *const i8, 2),
-            Src::Q8(p, ..) => (p, 1),
-        };
-        for row in rows {
-            let a = p.add((row * inp + k0) * size);
-            for b in (0..kc * size).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T1>(a.add(b));
-            }
-            // The last line, when the segment does not start on a line boundary.
-            _mm_prefetch::<_MM_HINT_T1>(a.add(kc * size - 1));
         }
     }
 
@@ -441,15 +417,6 @@ unsafe fn block_avx2(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, ou
         for k0 in (0..inp).step_by(KC) {
             let kc = KC.min(inp - k0);
             pack_panel(w, inp, (j0, nb), (k0, kc), &mut pack);
-            // The next chunk of this panel, or the next panel's first.
-            if !NO_PREFETCH.with(|v| *v) {
-            if k0 + KC < inp {
-                w.prefetch(inp, j0..j0 + nb, (k0 + KC, KC.min(inp - k0 - KC)));
-            } else if j0 + NB < ncol {
-                let nb2 = NB.min(ncol - j0 - NB);
-                w.prefetch(inp, j0 + NB..j0 + NB + nb2, (0, KC.min(inp)));
-            }
-            }
             let mut r = 0;
             while r + NR <= rows {
                 panel_tile::<NR>(x, inp, r, (k0, kc), &pack, &mut acc);
