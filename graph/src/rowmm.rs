@@ -107,6 +107,24 @@ impl Drop for RowWeight {
 }
 
 impl RowWeight {
+    /// Row `j`'s integers times their group scales (the scalar widening rule of both integer forms).
+    fn widen_ints<T: Copy + Into<f32>>(
+        &self,
+        j: usize,
+        q: &[T],
+        scale: &[f32],
+        group: usize,
+        buf: &mut Vec<f32>,
+    ) {
+        let (ng, shift) = groups(group, self.inp);
+        let sc = &scale[j * ng..(j + 1) * ng];
+        buf.extend(
+            q.iter()
+                .enumerate()
+                .map(|(k, &v)| v.into() * sc[k >> shift]),
+        );
+    }
+
     /// Row `j` as f32 values (exact: bf16 widened, integers times their scale), borrowed when stored as f32.
     pub fn row<'a>(&'a self, j: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
         let src = j * self.inp..(j + 1) * self.inp;
@@ -119,26 +137,8 @@ impl RowWeight {
                     .chunks_exact(2)
                     .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)),
             ),
-            Rows::Q16 { q, scale, group } => {
-                let (ng, shift) = groups(*group, self.inp);
-                let sc = &scale[j * ng..(j + 1) * ng];
-                buf.extend(
-                    q[src]
-                        .iter()
-                        .enumerate()
-                        .map(|(k, &v)| v as f32 * sc[k >> shift]),
-                );
-            }
-            Rows::Q8 { q, scale, group } => {
-                let (ng, shift) = groups(*group, self.inp);
-                let sc = &scale[j * ng..(j + 1) * ng];
-                buf.extend(
-                    q[src]
-                        .iter()
-                        .enumerate()
-                        .map(|(k, &v)| v as f32 * sc[k >> shift]),
-                );
-            }
+            Rows::Q16 { q, scale, group } => self.widen_ints(j, &q[src], scale, *group, buf),
+            Rows::Q8 { q, scale, group } => self.widen_ints(j, &q[src], scale, *group, buf),
         }
         buf
     }
