@@ -396,7 +396,7 @@ impl Hook for GridHook {
         Some(RowWeight {
             out: w.out,
             inp: w.inp,
-            rows: Rows::ints(q, scales.concat(), per[0].2),
+            rows: Rows::ints(q, scales.concat(), per[0].2, w.inp),
         })
     }
 

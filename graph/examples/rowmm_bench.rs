@@ -65,7 +65,7 @@ fn main() {
             "| {name} [{out}, {inp}] | 64 | int8 (Q8), cold | {:.2} | {gf:.1} |",
             dt * 1e3
         );
-        for rows in [16usize, 64] {
+        for rows in [16usize, 64, 128] {
             let x: Vec<f32> = (0..rows * inp)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01)
                 .collect();

@@ -34,7 +34,10 @@ pub enum Rows {
         group: usize,
     },
     /// [`Rows::Q16`] in one byte a value, where every integer fits (symmetric int8 weights, 4-bit grids):
-    /// half the memory, half the bytes each packing reads.
+    /// half the memory, half the bytes each packing reads — and stored in the packer's order, panels of
+    /// [`NB`] rows interleaved (`q[(j / NB)·NB·inp + k·NB + j % NB]`, rows past `out` zero): a panel is one
+    /// sequential stream, widened 16 values a load with no transpose. Row-major rows read 16 strided streams,
+    /// and their DRAM stalls and the 8×8 transposes were a quarter of the weight MatMuls' time at E2B.
     Q8 {
         q: Vec<i8>,
         scale: Vec<f32>,
@@ -45,22 +48,28 @@ pub enum Rows {
 impl Rows {
     /// Per-channel integer rows (one scale per row).
     pub fn per_channel(q: Vec<i16>, scale: Vec<f32>, inp: usize) -> Rows {
-        Rows::ints(q, scale, inp)
+        Rows::ints(q, scale, inp, inp)
     }
 
-    /// Integer rows with one scale per `group` inputs: one byte a value when every integer fits in an i8
-    /// ([`Rows::Q8`]), else two ([`Rows::Q16`]).
-    pub fn ints(q: Vec<i16>, scale: Vec<f32>, group: usize) -> Rows {
+    /// Integer rows (`[out, inp]` row-major) with one scale per `group` inputs: one byte a value in panel
+    /// order when every integer fits in an i8 ([`Rows::Q8`]), else two ([`Rows::Q16`]).
+    pub fn ints(q: Vec<i16>, scale: Vec<f32>, group: usize, inp: usize) -> Rows {
         let fits = q
             .par_chunks(1 << 16)
             .all(|c| c.iter().all(|&v| v as i8 as i16 == v));
-        if !fits {
+        if !fits || inp == 0 {
             return Rows::Q16 { q, scale, group };
         }
-        let mut q8 = zeroed::<i8>(q.len());
-        q8.par_chunks_mut(1 << 16)
-            .zip(q.par_chunks(1 << 16))
-            .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = s as i8));
+        let out = q.len() / inp;
+        let mut q8 = zeroed::<i8>(out.div_ceil(NB) * NB * inp);
+        q8.par_chunks_mut(NB * inp).enumerate().for_each(|(p, d)| {
+            for i in 0..NB.min(out - p * NB) {
+                let row = &q[(p * NB + i) * inp..(p * NB + i + 1) * inp];
+                for (k, &v) in row.iter().enumerate() {
+                    d[k * NB + i] = v as i8;
+                }
+            }
+        });
         Rows::Q8 {
             q: q8,
             scale,
@@ -138,7 +147,11 @@ impl RowWeight {
                     .map(|b| f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)),
             ),
             Rows::Q16 { q, scale, group } => self.widen_ints(j, &q[src], scale, *group, buf),
-            Rows::Q8 { q, scale, group } => self.widen_ints(j, &q[src], scale, *group, buf),
+            Rows::Q8 { q, scale, group } => {
+                let (ng, shift) = groups(*group, self.inp);
+                let (base, sc) = ((j / NB) * NB * self.inp + j % NB, &scale[j * ng..]);
+                buf.extend((0..self.inp).map(|k| q[base + k * NB] as f32 * sc[k >> shift]));
+            }
         }
         buf
     }
@@ -207,7 +220,8 @@ enum Src {
     Bf16(*const u16),
     /// Integers, their scales from row 0 of the block, groups per row, group shift.
     Q16(*const i16, *const f32, usize, u32),
-    /// The same for one-byte integers.
+    /// One-byte integers in panel order ([`Rows::Q8`]) from the block's first panel; scales, groups per
+    /// row, group shift.
     Q8(*const i8, *const f32, usize, u32),
 }
 
@@ -229,11 +243,7 @@ impl Src {
                 let v = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(h));
                 _mm256_mul_ps(v, _mm256_set1_ps(*sc.add(row * ng + (k >> shift))))
             }
-            Src::Q8(p, sc, ng, shift) => {
-                let h = _mm_loadl_epi64(p.add(at) as *const __m128i);
-                let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h));
-                _mm256_mul_ps(v, _mm256_set1_ps(*sc.add(row * ng + (k >> shift))))
-            }
+            Src::Q8(..) => unreachable!("panel-ordered rows are packed by pack_q8"),
         }
     }
 
@@ -245,7 +255,7 @@ impl Src {
             Src::F32(p) => *p.add(at),
             Src::Bf16(p) => f32::from_bits((p.add(at).read_unaligned() as u32) << 16),
             Src::Q16(p, sc, ng, shift) => *p.add(at) as f32 * *sc.add(row * ng + (k >> shift)),
-            Src::Q8(p, sc, ng, shift) => *p.add(at) as f32 * *sc.add(row * ng + (k >> shift)),
+            Src::Q8(..) => unreachable!("panel-ordered rows are packed by pack_q8"),
         }
     }
 }
@@ -269,6 +279,9 @@ unsafe fn pack_panel(
     pack: &mut [f32],
 ) {
     use std::arch::x86_64::*;
+    if let Src::Q8(q, sc, ng, shift) = w {
+        return pack_q8(q, (sc, ng, shift), inp, (j0, nb), (k0, kc), pack);
+    }
     let k8 = kc / 8 * 8;
     for jb in (0..NB).step_by(8) {
         if jb + 8 <= nb {
@@ -301,6 +314,41 @@ unsafe fn pack_panel(
                 }
             }
         }
+    }
+}
+
+/// [`pack_panel`] for panel-ordered one-byte integers: 16 values a load, each times its row's group scale
+/// (the scalar widening's one rounded product), scales rebuilt at each group start.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pack_q8(
+    q: *const i8,
+    (sc, ng, shift): (*const f32, usize, u32),
+    inp: usize,
+    (j0, nb): (usize, usize),
+    (k0, kc): (usize, usize),
+    pack: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let base = q.add(j0 * inp); // j0 is a multiple of NB: panel j0 / NB starts here
+    let mask = (1usize << shift) - 1;
+    let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for kk in 0..kc {
+        let k = k0 + kk;
+        if kk == 0 || k & mask == 0 {
+            let mut s = [0f32; NB];
+            for (i, v) in s.iter_mut().enumerate().take(nb) {
+                *v = *sc.add((j0 + i) * ng + (k >> shift));
+            }
+            s0 = _mm256_loadu_ps(s.as_ptr());
+            s1 = _mm256_loadu_ps(s.as_ptr().add(8));
+        }
+        let v = _mm_loadu_si128(base.add(k * NB) as *const __m128i);
+        let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(v)));
+        let o = pack.as_mut_ptr().add(kk * NB);
+        _mm256_storeu_ps(o, _mm256_mul_ps(lo, s0));
+        _mm256_storeu_ps(o.add(8), _mm256_mul_ps(hi, s1));
     }
 }
 
@@ -602,7 +650,7 @@ mod tests {
                     scale: sc.clone(),
                     group,
                 },
-                Rows::ints(q, sc, group),
+                Rows::ints(q, sc, group, inp),
             ];
             assert!(
                 matches!(forms[4], Rows::Q8 { .. }),
