@@ -607,6 +607,7 @@ pub fn decode_batched(
     let mut next = start;
     let mut jobs: Vec<Job> = Vec::new();
     let (mut tokens, t0) = (0u64, std::time::Instant::now());
+    let (mut head_s, mut step_s) = (0f64, 0f64);
     let every = if o.checkpoint.is_some() {
         o.checkpoint_every.max(1)
     } else {
@@ -642,9 +643,11 @@ pub fn decode_batched(
             .collect();
         let mut picks = vec![None; jobs.len()];
         let hs: Vec<&[f32]> = want.iter().map(|&j| jobs[j].h.as_slice()).collect();
+        let th = std::time::Instant::now();
         for (row, &j) in head.logits(&hs).iter().zip(&want) {
             picks[j] = Some(argmax(row));
         }
+        head_s += th.elapsed().as_secs_f64();
         // This call's positions: one greedy token per decoding job; the rest of the batch goes to the
         // prompts' next tokens, spread over the jobs still in their prompt (a lone long prompt gets many).
         let mut take = vec![0usize; jobs.len()];
@@ -687,7 +690,9 @@ pub fn decode_batched(
                     slots.push(&mut job.slot);
                 }
             }
+            let ts = std::time::Instant::now();
             let hs = b.step_chain(&mut slots, &runs)?;
+            step_s += ts.elapsed().as_secs_f64();
             for (j, mut h) in step.into_iter().zip(hs) {
                 jobs[j].h = h.pop().unwrap();
             }
@@ -707,6 +712,12 @@ pub fn decode_batched(
         if jobs.is_empty() && next >= prompts.len() {
             break;
         }
+    }
+    if std::env::var_os("HEXQ_PROFILE").is_some() {
+        eprintln!(
+            "calibrate: decode loop {:.1} s: graph steps {step_s:.1} s, greedy head {head_s:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
     }
     Ok(tokens)
 }

@@ -61,20 +61,57 @@ impl Rows {
             return Rows::Q16 { q, scale, group };
         }
         let out = q.len() / inp;
+        Rows::ints_with(out, inp, scale, group, |j, d, _| {
+            d.copy_from_slice(&q[j * inp..(j + 1) * inp])
+        })
+    }
+
+    /// Integer rows made row by row (`fill(j, row j's integers, scratch)`) straight into their stored form:
+    /// [`Rows::Q8`] panels when every integer fits a byte — no two-byte copy of the whole weight first (at
+    /// E2B, 3.8 GB of fresh pages to fault in and clear) — else [`Rows::Q16`], made again.
+    pub fn ints_with(
+        out: usize,
+        inp: usize,
+        scale: Vec<f32>,
+        group: usize,
+        fill: impl Fn(usize, &mut [i16], &mut Vec<f32>) + Sync,
+    ) -> Rows {
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+        let fits = AtomicBool::new(inp > 0);
         let mut q8 = zeroed::<i8>(out.div_ceil(NB) * NB * inp);
-        q8.par_chunks_mut(NB * inp).enumerate().for_each(|(p, d)| {
-            for i in 0..NB.min(out - p * NB) {
-                let row = &q[(p * NB + i) * inp..(p * NB + i + 1) * inp];
-                for (k, &v) in row.iter().enumerate() {
-                    d[k * NB + i] = v as i8;
-                }
-            }
-        });
-        Rows::Q8 {
-            q: q8,
-            scale,
-            group,
+        q8.par_chunks_mut(NB * inp.max(1))
+            .enumerate()
+            .for_each_init(
+                || (vec![0i16; inp], Vec::new()),
+                |(row, buf), (p, d)| {
+                    for i in 0..NB.min(out - p * NB) {
+                        if !fits.load(Relaxed) {
+                            return;
+                        }
+                        fill(p * NB + i, row, buf);
+                        if row.iter().any(|&v| v as i8 as i16 != v) {
+                            fits.store(false, Relaxed);
+                            return;
+                        }
+                        for (k, &v) in row.iter().enumerate() {
+                            d[k * NB + i] = v as i8;
+                        }
+                    }
+                },
+            );
+        if fits.into_inner() {
+            return Rows::Q8 {
+                q: q8,
+                scale,
+                group,
+            };
         }
+        drop(q8);
+        let mut q = zeroed::<i16>(out * inp);
+        q.par_chunks_mut(inp.max(1))
+            .enumerate()
+            .for_each_init(Vec::new, |buf, (j, d)| fill(j, d, buf));
+        Rows::Q16 { q, scale, group }
     }
 }
 

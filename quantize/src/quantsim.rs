@@ -117,22 +117,18 @@ impl Hook for FakeQuant {
         if matches!(w.rows, Rows::Q16 { .. } | Rows::Q8 { .. }) {
             return None;
         }
-        // Rows in parallel (one weight is up to 400 M values at E2B; bake hands weights over one at a time).
-        use rayon::prelude::*;
-        let mut q = hexq_graph::rowmm::zeroed::<i16>(w.out * w.inp);
-        q.par_chunks_mut(w.inp)
-            .enumerate()
-            .for_each_init(Vec::new, |buf, (j, dst)| {
-                let en = &e[if e.len() == 1 { 0 } else { j }];
-                param_ints(en, w.row(j, buf), dst);
-            });
+        // Rows in parallel (one weight is up to 400 M values at E2B; bake hands weights over one at a time),
+        // straight into the stored form.
         let scale = (0..w.out)
             .map(|j| e[if e.len() == 1 { 0 } else { j }].scale as f32)
             .collect();
+        let rows = Rows::ints_with(w.out, w.inp, scale, w.inp, |j, dst, buf| {
+            param_ints(&e[if e.len() == 1 { 0 } else { j }], w.row(j, buf), dst)
+        });
         Some(RowWeight {
             out: w.out,
             inp: w.inp,
-            rows: Rows::per_channel(q, scale, w.inp),
+            rows,
         })
     }
 
