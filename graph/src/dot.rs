@@ -110,14 +110,11 @@ impl Shape {
 unsafe fn kernel_avx2(av: &[f32], bv: &[f32], offs: &[usize], s: Shape, out: &mut [f32]) {
     let Shape { m, k, n, sk, sn } = s;
     if sn == 1 {
-        if m == 1 {
-            return kernel(av, bv, offs, s, out);
-        }
         for (bi, &o) in offs.iter().enumerate() {
             for i in 0..m {
                 let x = &av[(bi * m + i) * k..(bi * m + i + 1) * k];
                 let y = &mut out[(bi * m + i) * n..(bi * m + i + 1) * n];
-                running_fma_avx2(x, bv, o, sk, n, y, s.stride());
+                running_avx2(m, x, bv, o, sk, n, y, s.stride());
             }
         }
         return;
@@ -150,16 +147,33 @@ unsafe fn kernel_avx2(av: &[f32], bv: &[f32], offs: &[usize], s: Shape, out: &mu
         for i in 0..m {
             let x = &av[(bi * m + i) * k..(bi * m + i + 1) * k];
             let y = &mut out[(bi * m + i) * n..(bi * m + i + 1) * n];
-            match m {
-                1 => running(m, x, &bt, 0, n, n, y, s.stride()),
-                _ => running_fma_avx2(x, &bt, 0, n, n, y, s.stride()),
-            }
+            running_avx2(m, x, &bt, 0, n, n, y, s.stride());
         }
     }
 }
 
+/// [`running`] compiled for AVX2, its FMA chains (`m > 1`) by [`running_fma_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn running_avx2(
+    m: usize,
+    x: &[f32],
+    b: &[f32],
+    o: usize,
+    sk: usize,
+    n: usize,
+    y: &mut [f32],
+    stride: usize,
+) {
+    match m {
+        1 => running(1, x, b, o, sk, n, y, stride),
+        _ => running_fma_avx2(x, b, o, sk, n, y, stride),
+    }
+}
+
 /// [`running`]'s FMA chains for `m > 1` with a block of outputs' running sums held in registers across each
-/// slice (64 outputs = 8 vectors, then 8 at a time, then one by one), instead of a load and a store of
+/// slice (64 outputs = 8 vectors, then 8 at a time, the last n mod 8 by [`running`]), instead of a load and a store of
 /// every sum per input: the same fused multiply-adds in the same order, 2–3× faster.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -173,7 +187,6 @@ unsafe fn running_fma_avx2(
     stride: usize,
 ) {
     use std::arch::x86_64::*;
-    let k = x.len();
     let bp = b.as_ptr().add(o);
     #[inline(always)]
     unsafe fn block<const V: usize>(
@@ -216,16 +229,8 @@ unsafe fn running_fma_avx2(
         block::<1>(x, bp, sk, j0, y.as_mut_ptr(), stride);
         j0 += 8;
     }
-    for j in j0..n {
-        let mut c = 0f32;
-        for (bi, k0) in (0..k).step_by(stride).enumerate() {
-            let mut a = 0f32;
-            for kk in k0..(k0 + stride).min(k) {
-                a = x[kk].mul_add(*bp.add(kk * sk + j), a);
-            }
-            c = if bi == 0 { a } else { c + a };
-        }
-        y[j] = c;
+    if j0 < n {
+        running(2, x, b, o + j0, sk, n - j0, &mut y[j0..], stride);
     }
 }
 
@@ -369,6 +374,7 @@ mod tests {
             (2, 7, 4),
             (1, 16, 3),
             (4, 259, 17),
+            (8, 300, 75),
         ] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 37 % 101) as f32 - 50.3) * 0.013)
