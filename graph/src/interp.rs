@@ -327,7 +327,11 @@ impl Interpreter {
                 else {
                     unreachable!("fast MatMul weights are checkpoint weights")
                 };
-                self.src.rows(tensor)?
+                let r = self.src.rows(tensor)?;
+                if !r.pin() && profiling() {
+                    eprintln!("{name}: mlock refused; its pages may be reclaimed between calls");
+                }
+                r
             }
         };
         let r = Arc::new(r);

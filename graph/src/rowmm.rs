@@ -139,13 +139,11 @@ pub struct RowWeight {
 impl Drop for RowWeight {
     fn drop(&mut self) {
         #[cfg(unix)]
-        if let Rows::Bf16Mapped { map, start } = &self.rows {
-            let page = 4096usize;
-            let a = start / page * page;
-            let len = start + 2 * self.out * self.inp - a;
+        if let Some((map, a, len)) = self.mapped_pages() {
             // SAFETY: a read-only file mapping: DONTNEED discards clean pages only, re-read from the file
-            // on the next access.
+            // on the next access (after munlock: locked pages cannot be discarded).
             unsafe {
+                libc::munlock(map.as_ptr().add(a) as *const libc::c_void, len);
                 let _ = map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, len);
             }
         }
@@ -191,6 +189,36 @@ impl RowWeight {
             }
         }
         buf
+    }
+}
+
+impl RowWeight {
+    /// Keep mapped rows resident (mlock) while the mapping lives: the kernel reads them in place on every
+    /// call, and a host that reclaims "cold" page cache (this VM's DAMON pageout takes file pages seen
+    /// accessed at most once per 5 s — a large model's weights between decode calls) turns each call into
+    /// disk reads: a 64-prompt E2B calibration re-read 2 GB and ran on one core's worth of CPU. Rows in
+    /// memory need nothing. False when the lock is refused (RLIMIT_MEMLOCK without CAP_IPC_LOCK): still
+    /// correct, only at the page cache's mercy. Pin only rows that runs keep using (not ones a bake
+    /// replaces), or they stay resident for nothing.
+    pub fn pin(&self) -> bool {
+        match self.mapped_pages() {
+            // SAFETY: the range lies inside the live mapping; mlock only changes residency.
+            #[cfg(unix)]
+            Some((map, a, len)) => unsafe {
+                libc::mlock(map.as_ptr().add(a) as *const libc::c_void, len) == 0
+            },
+            _ => true,
+        }
+    }
+
+    /// Mapped rows' whole pages: the mapping, the first page's offset, the length.
+    fn mapped_pages(&self) -> Option<(&memmap2::Mmap, usize, usize)> {
+        let Rows::Bf16Mapped { map, start } = &self.rows else {
+            return None;
+        };
+        let page = 4096usize;
+        let a = start / page * page;
+        Some((map, a, start + 2 * self.out * self.inp - a))
     }
 }
 
@@ -301,7 +329,7 @@ impl Src {
 /// group of four straddles two chunks; 256 × 16 floats = 16 KB, in L1 while every input row passes).
 const NB: usize = 8 * NV;
 const NV: usize = 2;
-const TILE_ROWS: usize = 6;
+const TILE_ROWS: usize = 3;
 const KC: usize = 256;
 
 /// Pack weight rows `j0..j0 + nb` (nb ≤ 16), inputs `k0..k0 + kc`, as `pack[kk][j]` f32 (zeros past nb):
@@ -425,10 +453,11 @@ pub(crate) unsafe fn transpose8(
 }
 
 /// NR input rows × one packed panel of `NB` outputs over one chunk: [`dot_m1`]'s operations with the outputs
-/// in lanes (`c` carried between chunks in `acc`, `[rows][NB]`). The weights are the multiplies' memory
-/// operands (L1), not four k's worth held in registers, which with 12 accumulators spilled every group (≈ 4 %
-/// faster on Zen 3; a hand-allocated asm tile with nothing spilled, one row at a time, was 15 % slower, and
-/// 24-output panels × 4 rows 20 % slower).
+/// in lanes (`c` carried between chunks in `acc`, `[rows][NB]`). The panel's two vectors at each `k` are
+/// loaded once into registers and used by every row, with a partial sum `s` per row and vector for the
+/// group of four: 3 rows × 2 vectors is 6 `c` + 6 `s` + 2 weights + a broadcast — all 16 ymm registers,
+/// nothing spilled, 5 loads per 6 multiplies. (Weights as the multiplies' memory operands, 6 rows a tile,
+/// was 9 loads per 6 multiplies, at Zen 3's limit of 3 a cycle: 10–25 % slower in `rowmm_bench`.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn panel_tile<const NR: usize>(
@@ -445,36 +474,47 @@ unsafe fn panel_tile<const NR: usize>(
     let mut c: [[__m256; NV]; NR] =
         std::array::from_fn(|i| std::array::from_fn(|h| _mm256_loadu_ps(ap.add(i * NB + 8 * h))));
     let pp = pack.as_ptr();
-    // Product of input row i at k with panel vector h.
-    let p = |i: usize, k: usize, h: usize| {
-        _mm256_mul_ps(
-            _mm256_broadcast_ss(&*xp[i].add(k)),
-            _mm256_loadu_ps(pp.add(k * NB + 8 * h)),
-        )
-    };
-    let k4 = kc / 4 * 4;
-    for g in (0..k4).step_by(4) {
+    let mut s = [[_mm256_setzero_ps(); NV]; NR];
+    // Products of step k into s: the first of a group starts s, the rest add to it.
+    let step = |s: &mut [[__m256; NV]; NR], k: usize, first: bool| {
+        let w: [__m256; NV] = std::array::from_fn(|h| _mm256_loadu_ps(pp.add(k * NB + 8 * h)));
         for i in 0..NR {
+            let b = _mm256_broadcast_ss(&*xp[i].add(k));
             for h in 0..NV {
-                let s = _mm256_add_ps(p(i, g, h), p(i, g + 1, h));
-                let s = _mm256_add_ps(_mm256_add_ps(s, p(i, g + 2, h)), p(i, g + 3, h));
-                c[i][h] = _mm256_add_ps(s, c[i][h]);
+                let p = _mm256_mul_ps(b, w[h]);
+                s[i][h] = if first { p } else { _mm256_add_ps(s[i][h], p) };
             }
         }
-    }
-    let mut g = k4;
-    if kc - g >= 2 {
+    };
+    let k4 = kc / 4 * 4;
+    let mut g = 0;
+    while g < k4 {
+        step(&mut s, g, true);
+        step(&mut s, g + 1, false);
+        step(&mut s, g + 2, false);
+        step(&mut s, g + 3, false);
         for i in 0..NR {
             for h in 0..NV {
-                c[i][h] = _mm256_add_ps(_mm256_add_ps(p(i, g, h), p(i, g + 1, h)), c[i][h]);
+                c[i][h] = _mm256_add_ps(s[i][h], c[i][h]);
+            }
+        }
+        g += 4;
+    }
+    if kc - g >= 2 {
+        step(&mut s, g, true);
+        step(&mut s, g + 1, false);
+        for i in 0..NR {
+            for h in 0..NV {
+                c[i][h] = _mm256_add_ps(s[i][h], c[i][h]);
             }
         }
         g += 2;
     }
     if kc - g == 1 {
+        step(&mut s, g, true);
         for i in 0..NR {
             for h in 0..NV {
-                c[i][h] = _mm256_add_ps(p(i, g, h), c[i][h]);
+                c[i][h] = _mm256_add_ps(s[i][h], c[i][h]);
             }
         }
     }
@@ -486,8 +526,8 @@ unsafe fn panel_tile<const NR: usize>(
 }
 
 /// All input rows against weight rows `0..ncol` of `w`: per panel of 16 outputs and chunk of 256 inputs,
-/// pack once, then every row through it, 6 at a time (6 rows measured best of 3, 4, 6, 8 on Zen 3; no FMA, so
-/// Zen's separate multiply and add pipes both run).
+/// pack once, then every row through it, 3 at a time ([`panel_tile`]; no FMA, so Zen's separate multiply and
+/// add pipes both run).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn block_avx2(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, out: &mut [f32]) {
@@ -506,11 +546,6 @@ unsafe fn block_avx2(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, ou
                 r += NR;
             }
             match rows - r {
-                7 => panel_tile::<7>(x, inp, r, (k0, kc), &pack, &mut acc),
-                6 => panel_tile::<6>(x, inp, r, (k0, kc), &pack, &mut acc),
-                5 => panel_tile::<5>(x, inp, r, (k0, kc), &pack, &mut acc),
-                4 => panel_tile::<4>(x, inp, r, (k0, kc), &pack, &mut acc),
-                3 => panel_tile::<3>(x, inp, r, (k0, kc), &pack, &mut acc),
                 2 => panel_tile::<2>(x, inp, r, (k0, kc), &pack, &mut acc),
                 1 => panel_tile::<1>(x, inp, r, (k0, kc), &pack, &mut acc),
                 _ => {}

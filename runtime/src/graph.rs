@@ -474,8 +474,10 @@ impl Head {
         } else {
             hexq_model::names::LM_HEAD
         };
+        let rows = ck.rows(name)?;
+        rows.pin(); // read whole on every greedy pick (see RowWeight::pin)
         Ok(Head {
-            rows: ck.rows(name)?,
+            rows,
             cap: cfg.final_logit_softcapping.map(|c| c as f32),
         })
     }
