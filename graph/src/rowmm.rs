@@ -194,12 +194,11 @@ impl RowWeight {
 
 impl RowWeight {
     /// Keep mapped rows resident (mlock) while the mapping lives: the kernel reads them in place on every
-    /// call, and a host that reclaims "cold" page cache (this VM's DAMON pageout takes file pages seen
-    /// accessed at most once per 5 s — a large model's weights between decode calls) turns each call into
-    /// disk reads: a 64-prompt E2B calibration re-read 2 GB and ran on one core's worth of CPU. Rows in
-    /// memory need nothing. False when the lock is refused (RLIMIT_MEMLOCK without CAP_IPC_LOCK): still
-    /// correct, only at the page cache's mercy. Pin only rows that runs keep using (not ones a bake
-    /// replaces), or they stay resident for nothing.
+    /// call, and a host that reclaims "cold" page cache turns a call into disk reads — this VM runs DAMON
+    /// pageout on file pages seen accessed at most once per 5 s window for a minute, which is what a large
+    /// model's weights look like between decode calls seconds apart. Rows in memory need nothing. False when
+    /// the lock is refused (RLIMIT_MEMLOCK without CAP_IPC_LOCK): still correct, at the page cache's mercy.
+    /// Pin only rows that runs keep using (not ones a bake replaces), or they stay resident for nothing.
     pub fn pin(&self) -> bool {
         match self.mapped_pages() {
             // SAFETY: the range lies inside the live mapping; mlock only changes residency.
