@@ -66,27 +66,25 @@ impl Checkpoint {
     }
 
     /// Every decoder tensor finite: a NaN or inf weight would otherwise run and print `<pad>` tokens. A bit
-    /// test on the stored encoding, tensors in parallel, 64 MiB windows released as they are scanned (a
-    /// 4.7 GB embedding table must not become 4.7 GB of RSS).
+    /// test on the stored encoding, tensors in parallel, each read by `pread` in 16 MiB chunks (through the
+    /// mapping it was 2.3 M page faults at E2B, ~4 s of the open; and no pages stay resident).
     fn check_finite(&self) -> Result<()> {
         use rayon::prelude::*;
-        const WIN: usize = 64 << 20;
+        const CHUNK: usize = 16 << 20;
         self.tensors.par_iter().try_for_each(|(_, info)| {
-            let b = self.store.bytes(info);
             let es = info.dtype.size();
-            for w in (0..b.len()).step_by(WIN) {
-                let end = (w + WIN).min(b.len());
-                let bad = crate::weights::nonfinite_at(&b[w..end], info.dtype);
-                self.store.release_range(info, w, end);
-                if let Some(i) = bad {
+            let mut at = 0;
+            self.store.read_chunks(info, CHUNK, |b| {
+                if let Some(i) = crate::weights::nonfinite_at(b, info.dtype) {
                     let m = format!(
                         "element {} is NaN or infinite (pass --allow-nonfinite to proceed anyway)",
-                        w / es + i
+                        at / es + i
                     );
                     return Err(Error::tensor(self.store.file_of(info), &info.name, m));
                 }
-            }
-            Ok(())
+                at += b.len();
+                Ok(())
+            })
         })
     }
 

@@ -5,7 +5,7 @@
 //! file and, where there is one, the tensor.
 
 use crate::error::{Error, Result};
-use half::{bf16, f16};
+use half::f16;
 use memmap2::Mmap;
 use rayon::prelude::*;
 use std::collections::BTreeMap;
@@ -358,6 +358,24 @@ pub fn to_f32_serial_into(b: &[u8], dt: DType, out: &mut Vec<f32>) {
 
 /// `o.len()` values from the front of `s`.
 fn convert(s: &[u8], dt: DType, o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if dt == DType::BF16 && std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { bf16_avx2(s, o) };
+    }
+    convert_lanes(s, dt, o)
+}
+
+/// bf16 widening compiled for AVX2: calibration's per-row ranges and the bake widen every weight (1.9 G
+/// values at E2B); the baseline build kept it one value at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn bf16_avx2(s: &[u8], o: &mut [f32]) {
+    convert_lanes(s, DType::BF16, o)
+}
+
+#[inline(always)]
+fn convert_lanes(s: &[u8], dt: DType, o: &mut [f32]) {
     match dt {
         DType::F32 => {
             for (i, v) in o.iter_mut().enumerate() {
@@ -365,8 +383,11 @@ fn convert(s: &[u8], dt: DType, o: &mut [f32]) {
             }
         }
         DType::BF16 => {
-            for (i, v) in o.iter_mut().enumerate() {
-                *v = bf16::from_bits(u16::from_le_bytes([s[2 * i], s[2 * i + 1]])).to_f32();
+            for (v, b) in o.iter_mut().zip(s.chunks_exact(2)) {
+                let h = u16::from_le_bytes([b[0], b[1]]);
+                // half's bf16 → f32: a signalling NaN comes out quiet.
+                let h = if h & 0x7fff > 0x7f80 { h | 0x40 } else { h };
+                *v = f32::from_bits((h as u32) << 16);
             }
         }
         DType::F16 => {
@@ -490,6 +511,21 @@ pub fn safetensors_header(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The vectorized bf16 widening is half's, bit for bit, on all 65,536 encodings (NaNs quieted).
+    #[test]
+    fn bf16_widening_equals_half() {
+        let b: Vec<u8> = (0..=u16::MAX).flat_map(|h| h.to_le_bytes()).collect();
+        let mut o = vec![0f32; 1 << 16];
+        convert(&b, DType::BF16, &mut o);
+        for (h, v) in (0..=u16::MAX).zip(&o) {
+            assert_eq!(
+                v.to_bits(),
+                half::bf16::from_bits(h).to_f32().to_bits(),
+                "{h:#06x}"
+            );
+        }
+    }
 
     /// The blocked scan finds the same first bad element as a plain scan, in every dtype, at block edges.
     #[test]

@@ -70,10 +70,56 @@ fn param_ints(en: &crate::Encoding, row: &[f32], dst: &mut [i16]) {
     unsafe fn wide(en: &crate::Encoding, row: &[f32], dst: &mut [i16]) {
         ints(en, row, dst)
     }
+    /// [`ints`] in intrinsics: the compiler kept the saturating casts and the rounding's branches scalar
+    /// (7 cycles an element; the E2B bake was 5 s of it). Same operations: `x / s + zp`, truncate, step by
+    /// the fraction, sign of zero from `v`; |v| ≥ 2^23, inf and NaN pass; clamp; NaN → 0; minus `z`.
     #[target_feature(enable = "avx2")]
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx2(en: &crate::Encoding, row: &[f32], dst: &mut [i16]) {
-        ints(en, row, dst)
+        use std::arch::x86_64::*;
+        let (s, zp, qmax) = (en.scale as f32, -en.offset as f32, en.qmax() as f32);
+        let z = -en.offset as i32;
+        let n = row.len().min(dst.len());
+        if !(qmax <= 32767.0 && (0..=32767).contains(&z)) {
+            return ints(en, row, dst); // results past i16's range: the scalar wrap
+        }
+        let (vs, vzp, vq) = (_mm256_set1_ps(s), _mm256_set1_ps(zp), _mm256_set1_ps(qmax));
+        let (half, one, zero) = (
+            _mm256_set1_ps(0.5),
+            _mm256_set1_ps(1.0),
+            _mm256_setzero_ps(),
+        );
+        let (sign, big) = (_mm256_set1_ps(-0.0), _mm256_set1_ps(8_388_608.0));
+        let vz = _mm256_set1_epi32(z);
+        let n8 = n / 8 * 8;
+        for i in (0..n8).step_by(8) {
+            let v = _mm256_add_ps(_mm256_div_ps(_mm256_loadu_ps(row.as_ptr().add(i)), vs), vzp);
+            let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+            let f = _mm256_sub_ps(v, t);
+            let same = _mm256_or_ps(_mm256_andnot_ps(sign, t), _mm256_and_ps(sign, v));
+            let r = _mm256_blendv_ps(
+                same,
+                _mm256_sub_ps(t, one),
+                _mm256_cmp_ps::<_CMP_LE_OQ>(f, _mm256_sub_ps(zero, half)),
+            );
+            let r = _mm256_blendv_ps(
+                r,
+                _mm256_add_ps(t, one),
+                _mm256_cmp_ps::<_CMP_GE_OQ>(f, half),
+            );
+            let small = _mm256_cmp_ps::<_CMP_LT_OQ>(_mm256_andnot_ps(sign, v), big);
+            let r = _mm256_blendv_ps(v, r, small);
+            let r = _mm256_blendv_ps(r, zero, _mm256_cmp_ps::<_CMP_LT_OQ>(r, zero));
+            let r = _mm256_blendv_ps(r, vq, _mm256_cmp_ps::<_CMP_GT_OQ>(r, vq));
+            let r = _mm256_and_ps(r, _mm256_cmp_ps::<_CMP_ORD_Q>(r, r)); // NaN → 0
+            let q = _mm256_sub_epi32(_mm256_cvttps_epi32(r), vz);
+            let p = _mm256_permute4x64_epi64::<0b1000>(_mm256_packs_epi32(q, q));
+            _mm_storeu_si128(
+                dst.as_mut_ptr().add(i) as *mut __m128i,
+                _mm256_castsi256_si128(p),
+            );
+        }
+        ints(en, &row[n8..n], &mut dst[n8..n])
     }
     #[inline(always)]
     fn ints(en: &crate::Encoding, row: &[f32], dst: &mut [i16]) {
