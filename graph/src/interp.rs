@@ -328,8 +328,11 @@ impl Interpreter {
                     unreachable!("fast MatMul weights are checkpoint weights")
                 };
                 let r = self.src.rows(tensor)?;
+                static TOLD: std::sync::Once = std::sync::Once::new();
                 if !r.pin() && profiling() {
-                    eprintln!("{name}: mlock refused; its pages may be reclaimed between calls");
+                    TOLD.call_once(|| {
+                        eprintln!("{name}: mlock refused (RLIMIT_MEMLOCK); mapped weights may be reclaimed between calls")
+                    });
                 }
                 r
             }
