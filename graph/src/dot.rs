@@ -152,9 +152,12 @@ unsafe fn kernel_avx2(av: &[f32], bv: &[f32], offs: &[usize], s: Shape, out: &mu
     }
 }
 
-/// [`running`] compiled for AVX2, its FMA chains (`m > 1`) by [`running_fma_avx2`].
+/// [`running`] compiled for AVX2: one row (`m == 1`) as it is; the FMA chains (`m > 1`) with a block of
+/// outputs' running sums held in registers across each slice (64 outputs = 8 vectors, then 8 at a time, the
+/// last n mod 8 by [`running`]), instead of a load and a store of every sum per input: the same fused
+/// multiply-adds in the same order, 2–3× faster.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
+#[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn running_avx2(
     m: usize,
@@ -166,27 +169,10 @@ unsafe fn running_avx2(
     y: &mut [f32],
     stride: usize,
 ) {
-    match m {
-        1 => running(1, x, b, o, sk, n, y, stride),
-        _ => running_fma_avx2(x, b, o, sk, n, y, stride),
-    }
-}
-
-/// [`running`]'s FMA chains for `m > 1` with a block of outputs' running sums held in registers across each
-/// slice (64 outputs = 8 vectors, then 8 at a time, the last n mod 8 by [`running`]), instead of a load and a store of
-/// every sum per input: the same fused multiply-adds in the same order, 2–3× faster.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn running_fma_avx2(
-    x: &[f32],
-    b: &[f32],
-    o: usize,
-    sk: usize,
-    n: usize,
-    y: &mut [f32],
-    stride: usize,
-) {
     use std::arch::x86_64::*;
+    if m == 1 {
+        return running(1, x, b, o, sk, n, y, stride);
+    }
     let bp = b.as_ptr().add(o);
     #[inline(always)]
     unsafe fn block<const V: usize>(

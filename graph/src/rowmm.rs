@@ -182,9 +182,11 @@ impl RowWeight {
         match &self.rows {
             Rows::F32(v) => return &v[src],
             Rows::Bf16(v) => buf.extend(v[src].iter().map(|&b| f32::from_bits((b as u32) << 16))),
-            Rows::Bf16Mapped { map, start } => {
-                widen_bf16(&map[start + 2 * src.start..start + 2 * src.end], buf)
-            }
+            Rows::Bf16Mapped { map, start } => hexq_model::weights::to_f32_serial_into(
+                &map[start + 2 * src.start..start + 2 * src.end],
+                hexq_model::weights::DType::BF16,
+                buf,
+            ),
             Rows::Q16 { q, scale, group } => self.widen_ints(j, &q[src], scale, *group, buf),
             Rows::Q8 { q, scale, group } => {
                 let (ng, shift) = groups(*group, self.inp);
@@ -223,30 +225,6 @@ impl RowWeight {
         let a = start / page * page;
         Some((map, a, start + 2 * self.out * self.inp - a))
     }
-}
-
-/// Little-endian bf16 bytes appended as f32 (the bake widens every weight row of a mapped checkpoint:
-/// compiled for AVX2, not one value at a time).
-fn widen_bf16(b: &[u8], buf: &mut Vec<f32>) {
-    #[inline(always)]
-    fn lanes(b: &[u8], buf: &mut Vec<f32>) {
-        let n = buf.len();
-        buf.resize(n + b.len() / 2, 0.0);
-        for (v, h) in buf[n..].iter_mut().zip(b.chunks_exact(2)) {
-            *v = f32::from_bits((u16::from_le_bytes([h[0], h[1]]) as u32) << 16);
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn wide(b: &[u8], buf: &mut Vec<f32>) {
-        lanes(b, buf)
-    }
-    #[cfg(target_arch = "x86_64")]
-    if avx2() {
-        // SAFETY: avx2() checked the CPU's features.
-        return unsafe { wide(b, buf) };
-    }
-    lanes(b, buf)
 }
 
 /// A zeroed vector for a weight's values, its pages first touched by all threads at once: a fresh page costs
