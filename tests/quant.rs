@@ -146,6 +146,19 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
         );
     }
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    // Without --stats (no coverage to observe) a prompt's inner positions skip the layers no KV depends on
+    // (the tiny model's 5 KV-shared layers): every figure the same.
+    let mut a = vec!["verify", "--model", MODEL, "--encodings", ep];
+    a.extend(["--limit", "8", "--steps", "4", "--json"]);
+    let os = hexq(&a, &[]);
+    ok(&os);
+    let mut rs: Value = serde_json::from_slice(&os.stdout).unwrap();
+    assert!(rs["coverage_outside"].as_array().unwrap().is_empty());
+    rs["coverage_outside"] = r["coverage_outside"].clone();
+    assert_eq!(
+        rs, r,
+        "skipping the KV-free layers changed the verify figures"
+    );
     assert_eq!(r["prompts"], 8);
     assert!(r["cosine_mean"].as_f64().unwrap() > 0.98, "{r}");
     assert!(r["top1_agreement"].as_f64().unwrap() >= 0.6, "{r}");

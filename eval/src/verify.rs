@@ -214,7 +214,17 @@ pub fn verify(
         prompt_by_prompt(&mut f, &mut q, tok, recs, o, steps, pb)?
     } else {
         let head = hexq_runtime::graph::Head::of(&ck)?;
-        decode_batched(&mut f, &mut q, &head, &prompts, steps, batch, pb)?
+        // Held-out coverage needs every tensor at every position.
+        decode_batched(
+            &mut f,
+            &mut q,
+            &head,
+            &prompts,
+            steps,
+            batch,
+            stats.is_some(),
+            pb,
+        )?
     };
     let mut coverage_outside = Vec::new();
     if let Some(st) = stats {
@@ -290,7 +300,12 @@ struct Job {
 /// same calls, inputs and figures as one prompt at a time (`step_batch` and [`Head`] are exact per row):
 /// the report does not depend on `batch`.
 ///
+/// Unless `every_position` (an observer wants every tensor of every position), a prompt's inner positions
+/// only write their KV ([`GraphBackend::step_chain_last`]: under KV sharing most of the decoder is skipped
+/// there) — the scored hidden states and so every figure are the same values.
+///
 /// [`Head`]: hexq_runtime::graph::Head
+#[allow(clippy::too_many_arguments)]
 fn decode_batched(
     f: &mut GraphBackend,
     q: &mut GraphBackend,
@@ -298,6 +313,7 @@ fn decode_batched(
     prompts: &[(String, Vec<u32>)],
     steps: usize,
     batch: usize,
+    every_position: bool,
     pb: &indicatif::ProgressBar,
 ) -> Result<Vec<PromptResult>> {
     let mut per: Vec<Option<PromptResult>> = vec![None; prompts.len()];
@@ -342,6 +358,11 @@ fn decode_batched(
         let left: Vec<usize> = jobs.iter().map(|job| job.ids.len() - job.cur).collect();
         hexq_runtime::graph::spread(&mut take, &left, budget);
         let idx: Vec<usize> = (0..jobs.len()).filter(|&j| take[j] > 0).collect();
+        // Scored where the prompt is through: the prefill figures, then each decode step's.
+        let scored: Vec<bool> = idx
+            .iter()
+            .map(|&j| jobs[j].cur + take[j] == jobs[j].ids.len())
+            .collect();
         let mut hs = Vec::new();
         for (k, b) in [&mut *f, &mut *q].into_iter().enumerate() {
             let mut slots = Vec::new();
@@ -352,28 +373,28 @@ fn decode_batched(
                     slots.push(&mut job.slots[k]);
                 }
             }
-            let h: Vec<Vec<f32>> = b
-                .step_chain(&mut slots, &runs)?
-                .into_iter()
-                .map(|mut h| h.pop().unwrap())
-                .collect();
+            let h: Vec<Option<Vec<f32>>> = if every_position {
+                b.step_chain(&mut slots, &runs)?
+                    .into_iter()
+                    .map(|mut h| h.pop())
+                    .collect()
+            } else {
+                b.step_chain_last(&mut slots, &runs, &scored)?
+            };
             hs.push(h);
         }
         for &j in &idx {
             jobs[j].cur += take[j];
         }
-        // Logits where the prompt is through: the prefill figures, then each decode step's.
-        let want: Vec<usize> = (0..idx.len())
-            .filter(|&r| jobs[idx[r]].cur == jobs[idx[r]].ids.len())
-            .collect();
+        let want: Vec<usize> = (0..idx.len()).filter(|&r| scored[r]).collect();
         let rows: Vec<&[f32]> = (0..2)
             .flat_map(|k| want.iter().map(move |&r| (k, r)))
-            .map(|(k, r)| hs[k][r].as_slice())
+            .map(|(k, r)| hs[k][r].as_deref().unwrap())
             .collect();
         let mut ls = head.logits(&rows).into_iter();
         let lf: Vec<Vec<f32>> = ls.by_ref().take(want.len()).collect();
         for ((&r, lf), lq) in want.iter().zip(lf).zip(ls) {
-            let (hf, hq) = (&hs[0][r], &hs[1][r]);
+            let (hf, hq) = (hs[0][r].as_deref().unwrap(), hs[1][r].as_deref().unwrap());
             let job = &mut jobs[idx[r]];
             match job.res.as_mut() {
                 None => {

@@ -143,6 +143,10 @@ pub struct Interpreter {
     pub(crate) view: Vec<bool>,
     /// Row weights by initializer name, shared like `weights`.
     rows: Arc<Mutex<HashMap<String, Arc<RowWeight>>>>,
+    /// Per node: no `present_*` output depends on it (under KV sharing, the layers after the last one that
+    /// writes K/V): a position whose hidden state nobody reads skips it ([`Interpreter::run_chained`]'s
+    /// `need`).
+    tail: Vec<bool>,
 }
 
 /// Time per op type over all runs, printed at exit when HEXQ_PROFILE is set (where a run's time goes).
@@ -197,6 +201,11 @@ impl Val {
             Val::Per(v) => &v[i],
         }
     }
+}
+
+/// A skipped set's value (see [`Interpreter::run_chained`]'s `need`).
+fn empty() -> Tensor {
+    Tensor::zeros(0, CD::F32, &Device::Cpu).unwrap()
 }
 
 pub(crate) fn e(graph: &str, node: &str, m: impl std::fmt::Display) -> Error {
@@ -280,7 +289,21 @@ impl Interpreter {
                         .all(|m| matches!(m.op, Op::MatMul))
             })
             .collect();
+        let mut kv: std::collections::HashSet<&str> = graph
+            .outputs
+            .iter()
+            .filter(|o| o.name.starts_with("present_"))
+            .map(|o| o.name.as_str())
+            .collect();
+        let mut tail = vec![true; graph.nodes.len()];
+        for (k, n) in graph.nodes.iter().enumerate().rev() {
+            if n.outputs.iter().any(|o| kv.contains(o.as_str())) {
+                tail[k] = false;
+                kv.extend(n.inputs.iter().map(String::as_str));
+            }
+        }
         Ok(Interpreter {
+            tail,
             graph,
             src,
             cache: Mutex::new(HashMap::new()),
@@ -449,7 +472,7 @@ impl Interpreter {
         hook: &mut dyn Hook,
     ) -> Result<Vec<HashMap<String, Tensor>>> {
         let n = inputs.len();
-        self.run_chained(inputs, &vec![None; n], hook)
+        self.run_chained(inputs, &vec![None; n], None, hook)
     }
 
     /// [`run_batch`] where some sets continue another set's sequence one position later: `prev[s] = Some(p)`
@@ -459,11 +482,17 @@ impl Interpreter {
     /// The graph must write each `present_*` in the node that reads its `past_*` (the ring write), or
     /// later. The `present_*` outputs of sets that another set continues come back empty (freed early).
     ///
+    /// `need[s] == false`: nobody reads set s's outputs other than its `present_*`, so the nodes those do
+    /// not depend on are not run for it (nor shown to the hook) and its other outputs come back empty. Under
+    /// KV sharing that is every layer after the last one writing K/V — the prefill saving Gemma 3n's and
+    /// Gemma 4's KV sharing is for. Every other set's values are unchanged (the skipped nodes feed no KV).
+    ///
     /// [`run_batch`]: Interpreter::run_batch
     pub fn run_chained(
         &self,
         mut inputs: Vec<HashMap<String, Tensor>>,
         prev: &[Option<usize>],
+        need: Option<&[bool]>,
         hook: &mut dyn Hook,
     ) -> Result<Vec<HashMap<String, Tensor>>> {
         let g = &self.graph;
@@ -530,12 +559,20 @@ impl Interpreter {
                 }
                 continue;
             }
-            let v = if let Some(w) = &self.fast[k] {
+            // The sets this node runs for: all, or under `need` only those whose hidden state is read.
+            let sets: Vec<usize> = match need.filter(|_| self.tail[k]) {
+                Some(nd) => (0..b).filter(|&s| nd[s]).collect(),
+                None => (0..b).collect(),
+            };
+            let all = sets.len() == b;
+            let v = if sets.is_empty() {
+                Val::Per(vec![empty(); b])
+            } else if let Some(w) = &self.fast[k] {
                 let w = self.row_weight(w)?;
                 match &vals[&n.inputs[0]] {
                     Val::One(x) => Val::One(self.fast_matmul(&[x], &w, &out_ty.shape)?.remove(0)),
                     Val::Per(xs) => Val::Per(self.fast_matmul(
-                        &xs.iter().collect::<Vec<_>>(),
+                        &sets.iter().map(|&s| &xs[s]).collect::<Vec<_>>(),
                         &w,
                         &out_ty.shape,
                     )?),
@@ -544,7 +581,11 @@ impl Interpreter {
                 let v = |t: &Tensor| t.permute(perm.as_slice());
                 match &vals[&n.inputs[0]] {
                     Val::One(x) => Val::One(v(x)?),
-                    Val::Per(xs) => Val::Per(xs.iter().map(v).collect::<candle_core::Result<_>>()?),
+                    Val::Per(xs) => Val::Per(
+                        sets.iter()
+                            .map(|&s| v(&xs[s]))
+                            .collect::<candle_core::Result<_>>()?,
+                    ),
                 }
             } else if n.inputs.iter().all(|i| matches!(vals[i], Val::One(_))) {
                 let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(0)).collect();
@@ -553,15 +594,15 @@ impl Interpreter {
                 // The sequences' ops are independent: one per core when there is enough work to share (small
                 // tensors cost less than the hand-off).
                 use rayon::prelude::*;
-                let one = |s: usize| {
+                let one = |&s: &usize| {
                     let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(s)).collect();
                     eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))
                 };
-                let work = out_ty.shape.iter().product::<usize>() * b;
-                let per: Vec<Tensor> = if b > 1 && work >= PAR_MIN {
-                    (0..b).into_par_iter().map(one).collect::<Result<_>>()?
+                let work = out_ty.shape.iter().product::<usize>() * sets.len();
+                let per: Vec<Tensor> = if sets.len() > 1 && work >= PAR_MIN {
+                    sets.par_iter().map(one).collect::<Result<_>>()?
                 } else {
-                    (0..b).map(one).collect::<Result<_>>()?
+                    sets.iter().map(one).collect::<Result<_>>()?
                 };
                 Val::Per(per)
             };
@@ -578,16 +619,28 @@ impl Interpreter {
             let t0 = std::time::Instant::now();
             // The hook sees each set's tensor, as b separate runs would show it.
             let v = match v {
+                _ if sets.is_empty() => v,
                 Val::One(t) => {
                     let mut r = None;
-                    for _ in 0..b {
+                    for _ in 0..sets.len() {
                         r = hook.tensor(name, &t).or(r);
                     }
                     Val::One(r.unwrap_or(t))
                 }
                 Val::Per(ts) => {
                     let r = hook.tensors(name, &ts);
-                    Val::Per(ts.into_iter().zip(r).map(|(t, r)| r.unwrap_or(t)).collect())
+                    let ts: Vec<Tensor> =
+                        ts.into_iter().zip(r).map(|(t, r)| r.unwrap_or(t)).collect();
+                    if all {
+                        Val::Per(ts)
+                    } else {
+                        // Back to one entry per set, empty where skipped.
+                        let mut per = vec![empty(); b];
+                        for (&s, t) in sets.iter().zip(ts) {
+                            per[s] = t;
+                        }
+                        Val::Per(per)
+                    }
                 }
             };
             if profiling() {

@@ -340,11 +340,40 @@ impl GraphBackend {
         slots: &mut [&mut Slot],
         runs: &[&[u32]],
     ) -> Result<Vec<Vec<Vec<f32>>>> {
+        self.chain(slots, runs, None)
+    }
+
+    /// [`GraphBackend::step_chain`] where only some runs' last hidden state is read (`want[i]`): the other
+    /// positions only write their KV, skipping every node no KV depends on (under KV sharing, the layers
+    /// after the last one writing K/V — over half of Gemma-4 E2B's decoder; see `Interpreter::run_chained`).
+    /// The KV and the wanted hidden states are the same values as [`GraphBackend::step_chain`]'s; a hook
+    /// sees only the nodes run, so an observer wanting every position must use `step_chain`.
+    pub fn step_chain_last(
+        &mut self,
+        slots: &mut [&mut Slot],
+        runs: &[&[u32]],
+        want: &[bool],
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        Ok(self
+            .chain(slots, runs, Some(want))?
+            .into_iter()
+            .map(|mut h| h.pop())
+            .collect())
+    }
+
+    fn chain(
+        &mut self,
+        slots: &mut [&mut Slot],
+        runs: &[&[u32]],
+        want: Option<&[bool]>,
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        // Whether the hidden state after run i's position j is read.
+        let read = |i: usize, j: usize| want.is_none_or(|w| w[i] && j + 1 == runs[i].len());
         let mut hidden: Vec<Vec<Vec<f32>>> =
             runs.iter().map(|r| Vec::with_capacity(r.len())).collect();
         let mut prev = Vec::new();
         let mut ins = Vec::new();
-        // (sequence, is the last set of its run) per set.
+        // (sequence, is the last set of its run, its hidden state is read) per set.
         let mut sets = Vec::new();
         for (i, (slot, run)) in slots.iter_mut().zip(runs).enumerate() {
             if slot.pos + run.len() > self.context {
@@ -367,7 +396,9 @@ impl GraphBackend {
                         }
                     }
                     pos = 1;
-                    hidden[i].push(p.hidden.clone());
+                    if read(i, j) {
+                        hidden[i].push(p.hidden.clone());
+                    }
                     continue;
                 }
                 let mut m = self.host_inputs_at(&[id], 1, pos)?;
@@ -379,7 +410,7 @@ impl GraphBackend {
                 prev.push(last);
                 last = Some(ins.len());
                 ins.push(m);
-                sets.push((i, j + 1 == run.len()));
+                sets.push((i, j + 1 == run.len(), read(i, j)));
                 pos += 1;
             }
             slot.pos = pos;
@@ -400,8 +431,11 @@ impl GraphBackend {
             .filter(|v| v.name.starts_with("past_"))
             .map(|v| v.name.clone())
             .collect();
-        let outs = self.decode.run_chained(ins, &prev, hook)?;
-        for ((i, end), mut out) in sets.into_iter().zip(outs) {
+        let need: Vec<bool> = sets.iter().map(|s| s.2).collect();
+        let outs = self
+            .decode
+            .run_chained(ins, &prev, want.map(|_| need.as_slice()), hook)?;
+        for ((i, end, read), mut out) in sets.into_iter().zip(outs) {
             if end {
                 for name in &names {
                     let present = name.replacen("past_", "present_", 1);
@@ -410,7 +444,9 @@ impl GraphBackend {
                         .insert(name.clone(), out.remove(&present).unwrap());
                 }
             }
-            hidden[i].push(out["hidden_states"].flatten_all()?.to_vec1::<f32>()?);
+            if read {
+                hidden[i].push(out["hidden_states"].flatten_all()?.to_vec1::<f32>()?);
+            }
         }
         Ok(hidden)
     }
