@@ -200,6 +200,7 @@ pub fn verify(
         inner: h,
         names: names.clone(),
     };
+    let t0 = std::time::Instant::now();
     let mut f = backend(&ck, v, &go)?;
     let mut q = backend(&ck, v, &go)?;
     let obs = RangeObserver::default();
@@ -210,6 +211,12 @@ pub fn verify(
         FakeQuant::activations(enc),
     )))));
     pb.set_length(recs.len() as u64);
+    if std::env::var_os("HEXQ_PROFILE").is_some() {
+        eprintln!(
+            "verify: set-up (two backends, bake) {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
+    }
     let per = if v == Variant::Trunk {
         prompt_by_prompt(&mut f, &mut q, tok, recs, o, steps, pb)?
     } else {
@@ -318,6 +325,7 @@ fn decode_batched(
 ) -> Result<Vec<PromptResult>> {
     let mut per: Vec<Option<PromptResult>> = vec![None; prompts.len()];
     let (mut jobs, mut next) = (Vec::<Job>::new(), 0);
+    let (mut step_s, mut head_s) = (0f64, 0f64);
     loop {
         while jobs.len() < batch.max(1) && next < prompts.len() {
             jobs.push(Job {
@@ -334,29 +342,42 @@ fn decode_batched(
         if jobs.is_empty() {
             break;
         }
-        // One position per job; the batch's spare rows go to prompt tokens, chained in one run (only the
-        // prompt's last position is scored).
+        // Prompt positions before the last first, `batch` of them per call chained (their hidden states are
+        // not read); then, once no job has any left, one scored position per job per call — the prompt's
+        // last, then each teacher-forced step — so the scored rows share their calls (the layers no KV
+        // depends on and the head run for them alone).
         let mut take = vec![0usize; jobs.len()];
-        let mut budget = batch.max(1);
-        for (j, job) in jobs.iter_mut().enumerate() {
-            if job.cur < job.ids.len() {
-                take[j] = 1;
-            } else if job.steps_done < steps {
-                let res = job.res.as_mut().unwrap();
-                let nf = argmax(&job.logits[0]);
-                if argmax(&job.logits[1]) != nf {
-                    res.greedy_exact = false;
-                } else if res.greedy_exact {
-                    res.greedy_agree_steps += 1;
+        let inner: Vec<usize> = jobs
+            .iter()
+            .map(|job| (job.ids.len() - job.cur).saturating_sub(1))
+            .collect();
+        if inner.iter().any(|&n| n > 0) {
+            let mut budget = batch.max(1);
+            for (t, &n) in take.iter_mut().zip(&inner) {
+                if n > 0 && budget > 0 {
+                    *t = 1;
+                    budget -= 1;
                 }
-                job.steps_done += 1;
-                job.ids.push(nf);
-                take[j] = 1;
             }
-            budget = budget.saturating_sub(take[j]);
+            hexq_runtime::graph::spread(&mut take, &inner, budget);
+        } else {
+            for (j, job) in jobs.iter_mut().enumerate() {
+                if job.cur < job.ids.len() {
+                    take[j] = 1;
+                } else if job.steps_done < steps {
+                    let res = job.res.as_mut().unwrap();
+                    let nf = argmax(&job.logits[0]);
+                    if argmax(&job.logits[1]) != nf {
+                        res.greedy_exact = false;
+                    } else if res.greedy_exact {
+                        res.greedy_agree_steps += 1;
+                    }
+                    job.steps_done += 1;
+                    job.ids.push(nf);
+                    take[j] = 1;
+                }
+            }
         }
-        let left: Vec<usize> = jobs.iter().map(|job| job.ids.len() - job.cur).collect();
-        hexq_runtime::graph::spread(&mut take, &left, budget);
         let idx: Vec<usize> = (0..jobs.len()).filter(|&j| take[j] > 0).collect();
         // Scored where the prompt is through: the prefill figures, then each decode step's.
         let scored: Vec<bool> = idx
@@ -364,6 +385,7 @@ fn decode_batched(
             .map(|&j| jobs[j].cur + take[j] == jobs[j].ids.len())
             .collect();
         let mut hs = Vec::new();
+        let ts = std::time::Instant::now();
         for (k, b) in [&mut *f, &mut *q].into_iter().enumerate() {
             let mut slots = Vec::new();
             let mut runs: Vec<&[u32]> = Vec::new();
@@ -383,6 +405,8 @@ fn decode_batched(
             };
             hs.push(h);
         }
+        step_s += ts.elapsed().as_secs_f64();
+        let th = std::time::Instant::now();
         for &j in &idx {
             jobs[j].cur += take[j];
         }
@@ -413,6 +437,7 @@ fn decode_batched(
             }
             job.logits = [lf, lq];
         }
+        head_s += th.elapsed().as_secs_f64();
         let mut j = 0;
         while j < jobs.len() {
             if jobs[j].cur == jobs[j].ids.len()
@@ -426,6 +451,9 @@ fn decode_batched(
                 j += 1;
             }
         }
+    }
+    if std::env::var_os("HEXQ_PROFILE").is_some() {
+        eprintln!("verify: graph steps {step_s:.1} s, head and figures {head_s:.1} s");
     }
     Ok(per.into_iter().map(|p| p.unwrap()).collect())
 }
