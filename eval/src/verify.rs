@@ -206,9 +206,10 @@ pub fn verify(
     let obs = RangeObserver::default();
     // Params quantized once; activations as they are produced.
     q.bake(&mut renamed(Box::new(FakeQuant::params_of(enc))))?;
+    let acts = FakeQuant::activations(enc).on_grid(&q.decode.graph, &names);
     q.hook = Some(Box::new(renamed(Box::new(ObserveThenQuant(
         obs.clone(),
-        FakeQuant::activations(enc),
+        acts,
     )))));
     pb.set_length(recs.len() as u64);
     if std::env::var_os("HEXQ_PROFILE").is_some() {

@@ -14,6 +14,8 @@ pub struct FakeQuant {
     lpbq: Arc<HashMap<String, crate::lpbq::Lpbq>>,
     /// Params round ties half away from zero, activations half to even ([`crate::Encoding::quantize_param`]).
     params: bool,
+    /// Tensors already on their grid (see [`FakeQuant::on_grid`]): left as they are.
+    on_grid: Arc<std::collections::HashSet<String>>,
 }
 
 impl FakeQuant {
@@ -28,6 +30,7 @@ impl FakeQuant {
             ),
             lpbq: Arc::default(),
             params: false,
+            on_grid: Arc::default(),
         }
     }
 
@@ -50,7 +53,39 @@ impl FakeQuant {
             enc: Arc::new(p.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
             lpbq: Arc::default(),
             params: true,
+            on_grid: Arc::default(),
         }
+    }
+
+    /// Leave alone the outputs of value-preserving nodes of `g` (Transpose, Reshape, Slice) whose one
+    /// activation encoding is bit for bit their input's: the input was fake-quantized on that grid, and
+    /// fake-quant is idempotent there — x = m·s (|m| < 2^16) gives x/s within 2^-7 of m, so it re-rounds to
+    /// m and back to x (test below). Spares the hook a copy of every transposed K view per step. `full`
+    /// maps `g`'s names to the encodings' (a short-ring graph's, see `hexq_graph::build::spanning`).
+    pub fn on_grid(mut self, g: &hexq_graph::ir::Graph, full: &HashMap<String, String>) -> Self {
+        use hexq_graph::ir::Op;
+        let name = |n: &String| full.get(n).unwrap_or(n).clone();
+        let one = |n: &String| match self.enc.get(&name(n)).map(Vec::as_slice) {
+            Some([e]) if (1e-30..=1e30).contains(&e.scale) && e.bitwidth <= 16 => Some(e),
+            _ => None,
+        };
+        let set = g
+            .nodes
+            .iter()
+            .filter(|n| {
+                matches!(
+                    n.op,
+                    Op::Transpose { .. } | Op::Reshape { .. } | Op::Slice { .. }
+                )
+            })
+            .filter(|n| {
+                let (i, o) = (one(&n.inputs[0]), one(&n.outputs[0]));
+                i.is_some() && i == o
+            })
+            .map(|n| name(&n.outputs[0]))
+            .collect();
+        self.on_grid = Arc::new(set);
+        self
     }
 
     fn fake(&self, e: &crate::Encoding, x: f32) -> f32 {
@@ -197,6 +232,9 @@ impl Hook for FakeQuant {
 impl FakeQuant {
     /// [`Hook::tensor`]'s replacement, by reference (no state changes).
     fn quant(&self, name: &str, t: &Tensor) -> Option<Tensor> {
+        if self.on_grid.contains(name) {
+            return None;
+        }
         if let Some(l) = self.lpbq.get(name) {
             // [in, out] view of an [out, in] weight: quantize the rows, transpose back.
             let w = t.t().ok()?.contiguous().ok()?;
@@ -249,6 +287,43 @@ impl FakeQuant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What [`FakeQuant::on_grid`] rests on: a fake-quantized value fake-quantizes to itself, bit for bit
+    /// (8- and 16-bit, symmetric and not, tiny to large scales, values far outside the range).
+    #[test]
+    fn fake_quant_is_idempotent_on_its_grid() {
+        let xs: Vec<f32> = (0..200_003)
+            .map(|i| ((i as f32 * 0.618034).fract() - 0.5) * 3.0 * (1.0 + (i % 7) as f32))
+            .chain([
+                0.0,
+                -0.0,
+                f32::NAN,
+                f32::INFINITY,
+                -f32::INFINITY,
+                1e30,
+                -1e30,
+            ])
+            .collect();
+        for bw in [8, 16] {
+            for (lo, hi, sym) in [
+                (-1.0, 1.0, false),
+                (-0.3, 7.9, false),
+                (-1e-4, 2.5e-4, true),
+                (-3.2e3, 1.0e4, false),
+                (-20.0, 20.0, true),
+                (0.0, 1e-20, false),
+            ] {
+                let e = crate::Encoding::compute(bw, lo, hi, sym);
+                let xs: Vec<f32> = xs.iter().map(|x| x * (hi - lo) as f32).collect();
+                let (mut once, mut twice) = (Vec::new(), Vec::new());
+                e.fake_into(&xs, &mut once);
+                e.fake_into(&once, &mut twice);
+                for (a, b) in once.iter().zip(&twice) {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{e:?}: {a} → {b}");
+                }
+            }
+        }
+    }
 
     /// The vectorized bake equals `quantize_param − zp` element for element (halves, NaN, infinities).
     #[test]
