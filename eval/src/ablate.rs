@@ -639,7 +639,7 @@ pub fn ablate(
             names: names.clone(),
         })?;
         b.hook = Some(Box::new(hexq_graph::interp::Renamed {
-            inner: Box::new(FakeQuant::activations(&bd.enc)),
+            inner: Box::new(FakeQuant::activations(&bd.enc).on_grid(&b.decode.graph, &names)),
             names: names.clone(),
         }));
         lap("bake");
