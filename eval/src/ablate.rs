@@ -171,9 +171,14 @@ fn row_ints(row: &[f32], scale: &[f32], group: usize, q: &mut [i16]) -> bool {
             q.fill(0);
             continue;
         }
+        // Times the reciprocal, not a division per weight (a fifth of the bake): a gridded value is q·s with
+        // |q| ≤ 255, so v·(1/s) is within a few ulps of q and rounds to it — and `i * s == v` checks it anyway.
+        let inv = 1.0 / s;
         for (d, &v) in q.iter_mut().zip(row) {
-            // round_half_away, not f32::round: a libm call per weight on baseline x86-64.
-            let i = hexq_quantize::round_half_away(v / s);
+            // Nearest integer by the 1.5·2²³ trick (exact for |x| < 2²²; a libm call otherwise on baseline
+            // x86-64): a value off the grid fails the check below whatever this gives.
+            const R: f32 = 12_582_912.0;
+            let i = (v * inv + R) - R;
             ok &= i.abs() <= 255.0 && i * s == v;
             *d = i.clamp(-255.0, 255.0) as i16;
         }
@@ -360,43 +365,59 @@ impl Hook for GridHook {
         let Some(g) = grid else {
             return f32_rows(None);
         };
-        // Each row gridded in a per-thread buffer and stored as its integers straight away (no f32 copy of
-        // the weight): (Σx², Σ(x−q)², group, integers exact) per row.
-        let mut q = hexq_graph::rowmm::zeroed::<i16>(w.out * w.inp);
-        let mut scales: Vec<Vec<f32>> = vec![Vec::new(); w.out];
-        let per: Vec<(f64, f64, usize, bool)> = q
-            .par_chunks_mut(w.inp)
-            .zip(scales.par_iter_mut())
-            .enumerate()
-            .map_init(
-                || (Vec::new(), Vec::new()),
-                |(buf, row), (j, (qr, sc))| {
-                    source(j, buf, row);
-                    buf.clear();
-                    buf.extend_from_slice(row);
-                    let (s, group) = row_grid(g, row);
-                    let (ss, nn) = err_sums(buf, row);
-                    // rowmm's groups: the whole row, or a power of two ≥ 16 dividing it.
-                    let fits = group == w.inp
-                        || (group >= 16 && group.is_power_of_two() && w.inp % group == 0);
-                    let ok = fits && row_ints(row, &s, group, qr);
-                    *sc = s;
-                    (ss, nn, group, ok)
-                },
-            )
-            .collect();
+        // Each row gridded and stored as its integers straight into rowmm's form (`Rows::ints_with`: no
+        // two-byte copy of the weight first — at E2B 3.8 GB of fresh pages a scheme): (scales, Σx², Σ(x−q)²,
+        // integers exact) per row.
+        let group = match g {
+            Grid::PerChannel(_) => w.inp,
+            Grid::Group(n) => n,
+            Grid::Lpbq(b) => b,
+        };
+        // rowmm's groups: the whole row, or a power of two ≥ 16 dividing it.
+        let fits = group == w.inp || (group >= 16 && group.is_power_of_two() && w.inp % group == 0);
+        let per: Vec<Mutex<(Vec<f32>, f64, f64, bool)>> =
+            (0..w.out).map(|_| Default::default()).collect();
+        let grid_row = |j: usize, q: Option<&mut [i16]>, buf: &mut Vec<f32>| {
+            let mut row = Vec::with_capacity(w.inp);
+            source(j, buf, &mut row);
+            buf.clear();
+            buf.extend_from_slice(&row);
+            let (sc, _) = row_grid(g, &mut row);
+            let (ss, nn) = err_sums(buf, &row);
+            let ok = q.is_some_and(|q| row_ints(&row, &sc, group, q));
+            *per[j].lock().unwrap() = (sc, ss, nn, ok);
+        };
+        let mut rows = if fits {
+            Some(Rows::ints_with(
+                w.out,
+                w.inp,
+                Vec::new(),
+                group,
+                |j, q, buf| grid_row(j, Some(q), buf),
+            ))
+        } else {
+            (0..w.out)
+                .into_par_iter()
+                .for_each_init(Vec::new, |buf, j| grid_row(j, None, buf));
+            None
+        };
+        let per: Vec<(Vec<f32>, f64, f64, bool)> =
+            per.into_iter().map(|m| m.into_inner().unwrap()).collect();
         let (ss, nn) = per
             .iter()
-            .fold((0f64, 0f64), |(a, b), r| (a + r.0, b + r.1));
-        self.add_sqnr(class_of(name), ss, nn, q.len() as u64);
-        if !per.iter().all(|r| r.3) {
+            .fold((0f64, 0f64), |(a, b), r| (a + r.1, b + r.2));
+        self.add_sqnr(class_of(name), ss, nn, (w.out * w.inp) as u64);
+        match &mut rows {
+            Some(Rows::Q8 { scale, .. } | Rows::Q16 { scale, .. }) if per.iter().all(|r| r.3) => {
+                *scale = per.into_iter().flat_map(|r| r.0).collect();
+            }
             // A grid whose values are not integer × scale (none of today's): f32 rows, gridded again.
-            return f32_rows(Some(g));
+            _ => return f32_rows(Some(g)),
         }
         Some(RowWeight {
             out: w.out,
             inp: w.inp,
-            rows: Rows::ints(q, scales.concat(), per[0].2, w.inp),
+            rows: rows.unwrap(),
         })
     }
 
