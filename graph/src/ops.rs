@@ -214,20 +214,39 @@ pub fn mean_row(row: &[f32]) -> f32 {
 }
 
 /// One row of [`softmax_last`].
+///
+/// onnxruntime picks its softmax kernel by the CPU, and so does this: on AVX-512F machines its sum of exps
+/// runs in 16 lanes, else in 8 (the same exp either way: the polynomial by FMAs, 2^m built in the float's
+/// bits) — so the exported graph's Softmax in onnxruntime on the same machine gives the same bits
+/// (tests/judges/mlas_order.py; on a Zen 5 the 8-lane sum put 1695 of 3072 values 1 ulp or more off).
 pub fn softmax_row(row: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the features were just checked.
+        return unsafe { softmax_row_avx512(row, out) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
         // SAFETY: the features were just checked.
         return unsafe { softmax_row_fma(row, out) };
     }
-    softmax_row_with(row, out, f32::mul_add)
+    softmax_row_with::<8>(row, out, f32::mul_add)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn softmax_row_fma(row: &[f32], out: &mut [f32]) {
-    softmax_row_with(row, out, |a, b, c| {
-        use std::arch::x86_64::*;
+    use std::arch::x86_64::*;
+    softmax_row_with::<8>(row, out, |a, b, c| {
+        _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)))
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn softmax_row_avx512(row: &[f32], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    softmax_row_with::<16>(row, out, |a, b, c| {
         _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)))
     })
 }
@@ -248,11 +267,17 @@ const EXP_POLY: [f32; 6] = [
     1.0,
 ];
 
+/// MLAS's softmax over one row with the sum of exps in `L` lanes (element i into lane i mod L, in order), the
+/// lanes folded as its kernels fold them: 16 → 8 by lane l + lane l+8, then ((0+1)+(2+3)) + ((4+5)+(6+7)).
 #[inline(always)]
-fn softmax_row_with(row: &[f32], out: &mut [f32], fma: impl Fn(f32, f32, f32) -> f32) {
+fn softmax_row_with<const L: usize>(
+    row: &[f32],
+    out: &mut [f32],
+    fma: impl Fn(f32, f32, f32) -> f32,
+) {
     let max = row.iter().copied().fold(f32::MIN, f32::max);
     let neg = -max;
-    let mut lanes = [0f32; 8];
+    let mut lanes = [0f32; L];
     for (i, (&v, o)) in row.iter().zip(out.iter_mut()).enumerate() {
         let x = (v + neg).max(EXP_LOWER);
         let biased = fma(x, EXP_LOG2_RECIP, EXP_BIAS);
@@ -266,9 +291,16 @@ fn softmax_row_with(row: &[f32], out: &mut [f32], fma: impl Fn(f32, f32, f32) ->
         p = fma(p, x, EXP_POLY[5]);
         let normal = (biased.to_bits() << 23).wrapping_add(0x3F80_0000);
         *o = p * f32::from_bits(normal);
-        lanes[i % 8] += *o;
+        lanes[i % L] += *o;
     }
-    let l = lanes;
+    let mut l = [0f32; 8];
+    for (j, v) in l.iter_mut().enumerate() {
+        *v = if L == 16 {
+            lanes[j + 8] + lanes[j]
+        } else {
+            lanes[j]
+        };
+    }
     let sum = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
     let scale = 1.0 / sum;
     for o in out.iter_mut() {

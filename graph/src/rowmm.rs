@@ -531,12 +531,17 @@ unsafe fn panel_tile<const NR: usize>(
 }
 
 /// All input rows against weight rows `0..ncol` of `w`: per panel of 16 outputs and chunk of 256 inputs,
-/// pack once, then every row through it, 3 at a time ([`panel_tile`]; no FMA, so Zen's separate multiply and
-/// add pipes both run).
+/// pack once, then every row through it — `tiles(x, inp, (k0, kc), pack, acc)` runs all rows, on the tile of
+/// the target-feature build this is inlined into.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, out: &mut [f32]) {
-    const NR: usize = TILE_ROWS;
+#[inline(always)]
+unsafe fn block_with(
+    (x, rows, inp): (&[f32], usize, usize),
+    w: Src,
+    ncol: usize,
+    out: &mut [f32],
+    tiles: impl Fn(&[f32], usize, (usize, usize), &[f32], &mut [f32]),
+) {
     let mut pack = vec![0f32; KC * NB];
     let mut acc = vec![0f32; rows * NB];
     for j0 in (0..ncol).step_by(NB) {
@@ -545,21 +550,32 @@ unsafe fn block_avx2(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, ou
         for k0 in (0..inp).step_by(KC) {
             let kc = KC.min(inp - k0);
             pack_panel(w, inp, (j0, nb), (k0, kc), &mut pack);
-            let mut r = 0;
-            while r + NR <= rows {
-                panel_tile::<NR>(x, inp, r, (k0, kc), &pack, &mut acc);
-                r += NR;
-            }
-            match rows - r {
-                2 => panel_tile::<2>(x, inp, r, (k0, kc), &pack, &mut acc),
-                1 => panel_tile::<1>(x, inp, r, (k0, kc), &pack, &mut acc),
-                _ => {}
-            }
+            tiles(x, inp, (k0, kc), &pack, &mut acc);
         }
         for r in 0..rows {
             out[r * ncol + j0..r * ncol + j0 + nb].copy_from_slice(&acc[r * NB..r * NB + nb]);
         }
     }
+}
+
+/// [`block_with`] on the AVX2 tile, 3 rows at a time ([`panel_tile`]; no FMA, so Zen's separate multiply and
+/// add pipes both run).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_avx2(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, out: &mut [f32]) {
+    const NR: usize = TILE_ROWS;
+    block_with((x, rows, inp), w, ncol, out, |x, inp, kk, pack, acc| {
+        let mut r = 0;
+        while r + NR <= rows {
+            panel_tile::<NR>(x, inp, r, kk, pack, acc);
+            r += NR;
+        }
+        match rows - r {
+            2 => panel_tile::<2>(x, inp, r, kk, pack, acc),
+            1 => panel_tile::<1>(x, inp, r, kk, pack, acc),
+            _ => {}
+        }
+    })
 }
 
 /// [`panel_tile`] with the panel's 16 outputs in one zmm register (AVX-512F): the same multiplies and adds
@@ -625,44 +641,26 @@ unsafe fn panel_tile512<const NR: usize>(
 /// Input rows per AVX-512 tile (see [`panel_tile512`]).
 const TILE_ROWS_512: usize = 6;
 
-/// [`block_avx2`] with [`panel_tile512`]: the packing is the same code, the tile twice as wide.
+/// [`block_with`] on the AVX-512 tile ([`panel_tile512`]), 6 rows at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn block_avx512(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, out: &mut [f32]) {
     const NR: usize = TILE_ROWS_512;
-    let mut pack = vec![0f32; KC * NB];
-    let mut acc = vec![0f32; rows * NB];
-    for j0 in (0..ncol).step_by(NB) {
-        let nb = NB.min(ncol - j0);
-        acc.fill(0.0);
-        for k0 in (0..inp).step_by(KC) {
-            let kc = KC.min(inp - k0);
-            pack_panel(w, inp, (j0, nb), (k0, kc), &mut pack);
-            let mut r = 0;
-            while r + NR <= rows {
-                panel_tile512::<NR>(x, inp, r, (k0, kc), &pack, &mut acc);
-                r += NR;
-            }
-            let t = (x, inp, r, (k0, kc), &pack[..], &mut acc[..]);
-            match rows - r {
-                11 => panel_tile512::<11>(t.0, t.1, t.2, t.3, t.4, t.5),
-                10 => panel_tile512::<10>(t.0, t.1, t.2, t.3, t.4, t.5),
-                9 => panel_tile512::<9>(t.0, t.1, t.2, t.3, t.4, t.5),
-                8 => panel_tile512::<8>(t.0, t.1, t.2, t.3, t.4, t.5),
-                7 => panel_tile512::<7>(t.0, t.1, t.2, t.3, t.4, t.5),
-                6 => panel_tile512::<6>(t.0, t.1, t.2, t.3, t.4, t.5),
-                5 => panel_tile512::<5>(t.0, t.1, t.2, t.3, t.4, t.5),
-                4 => panel_tile512::<4>(t.0, t.1, t.2, t.3, t.4, t.5),
-                3 => panel_tile512::<3>(t.0, t.1, t.2, t.3, t.4, t.5),
-                2 => panel_tile512::<2>(t.0, t.1, t.2, t.3, t.4, t.5),
-                1 => panel_tile512::<1>(t.0, t.1, t.2, t.3, t.4, t.5),
-                _ => {}
-            }
+    block_with((x, rows, inp), w, ncol, out, |x, inp, kk, pack, acc| {
+        let mut r = 0;
+        while r + NR <= rows {
+            panel_tile512::<NR>(x, inp, r, kk, pack, acc);
+            r += NR;
         }
-        for r in 0..rows {
-            out[r * ncol + j0..r * ncol + j0 + nb].copy_from_slice(&acc[r * NB..r * NB + nb]);
+        match rows - r {
+            5 => panel_tile512::<5>(x, inp, r, kk, pack, acc),
+            4 => panel_tile512::<4>(x, inp, r, kk, pack, acc),
+            3 => panel_tile512::<3>(x, inp, r, kk, pack, acc),
+            2 => panel_tile512::<2>(x, inp, r, kk, pack, acc),
+            1 => panel_tile512::<1>(x, inp, r, kk, pack, acc),
+            _ => {}
         }
-    }
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
