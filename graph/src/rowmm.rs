@@ -457,6 +457,38 @@ pub(crate) unsafe fn transpose8(
     ]
 }
 
+/// [`dot_m1`]'s schedule over a chunk of `kc` inputs: groups of four (`step(k, first)` for each product, the
+/// first starting the group's partial sum), `close` folding each group into the running sum, then a pair and
+/// a single for the tail. Both tiles run their lanes through this one schedule.
+#[inline(always)]
+fn mlas_groups<S>(
+    kc: usize,
+    st: &mut S,
+    step: impl Fn(&mut S, usize, bool),
+    close: impl Fn(&mut S),
+) {
+    let k4 = kc / 4 * 4;
+    let mut g = 0;
+    while g < k4 {
+        step(st, g, true);
+        step(st, g + 1, false);
+        step(st, g + 2, false);
+        step(st, g + 3, false);
+        close(st);
+        g += 4;
+    }
+    if kc - g >= 2 {
+        step(st, g, true);
+        step(st, g + 1, false);
+        close(st);
+        g += 2;
+    }
+    if kc - g == 1 {
+        step(st, g, true);
+        close(st);
+    }
+}
+
 /// NR input rows × one packed panel of `NB` outputs over one chunk: [`dot_m1`]'s operations with the outputs
 /// in lanes (`c` carried between chunks in `acc`, `[rows][NB]`). The panel's two vectors at each `k` are
 /// loaded once into registers and used by every row, with a partial sum `s` per row and vector for the
@@ -476,10 +508,10 @@ unsafe fn panel_tile<const NR: usize>(
     use std::arch::x86_64::*;
     let xp: [*const f32; NR] = std::array::from_fn(|i| x.as_ptr().add((r + i) * inp + k0));
     let ap = acc.as_mut_ptr().add(r * NB);
-    let mut c: [[__m256; NV]; NR] =
+    let c: [[__m256; NV]; NR] =
         std::array::from_fn(|i| std::array::from_fn(|h| _mm256_loadu_ps(ap.add(i * NB + 8 * h))));
     let pp = pack.as_ptr();
-    let mut s = [[_mm256_setzero_ps(); NV]; NR];
+    let s = [[_mm256_setzero_ps(); NV]; NR];
     // Products of step k into s: the first of a group starts s, the rest add to it.
     let step = |s: &mut [[__m256; NV]; NR], k: usize, first: bool| {
         let w: [__m256; NV] = std::array::from_fn(|h| _mm256_loadu_ps(pp.add(k * NB + 8 * h)));
@@ -491,38 +523,20 @@ unsafe fn panel_tile<const NR: usize>(
             }
         }
     };
-    let k4 = kc / 4 * 4;
-    let mut g = 0;
-    while g < k4 {
-        step(&mut s, g, true);
-        step(&mut s, g + 1, false);
-        step(&mut s, g + 2, false);
-        step(&mut s, g + 3, false);
-        for i in 0..NR {
-            for h in 0..NV {
-                c[i][h] = _mm256_add_ps(s[i][h], c[i][h]);
+    let mut st = (s, c);
+    mlas_groups(
+        kc,
+        &mut st,
+        |(s, _), k, first| step(s, k, first),
+        |(s, c)| {
+            for i in 0..NR {
+                for h in 0..NV {
+                    c[i][h] = _mm256_add_ps(s[i][h], c[i][h]);
+                }
             }
-        }
-        g += 4;
-    }
-    if kc - g >= 2 {
-        step(&mut s, g, true);
-        step(&mut s, g + 1, false);
-        for i in 0..NR {
-            for h in 0..NV {
-                c[i][h] = _mm256_add_ps(s[i][h], c[i][h]);
-            }
-        }
-        g += 2;
-    }
-    if kc - g == 1 {
-        step(&mut s, g, true);
-        for i in 0..NR {
-            for h in 0..NV {
-                c[i][h] = _mm256_add_ps(s[i][h], c[i][h]);
-            }
-        }
-    }
+        },
+    );
+    let c = st.1;
     for (i, ci) in c.iter().enumerate() {
         for (h, v) in ci.iter().enumerate() {
             _mm256_storeu_ps(ap.add(i * NB + 8 * h), *v);
@@ -558,24 +572,35 @@ unsafe fn block_with(
     }
 }
 
+/// Rows `0..rows` through `$tile::<NR>` NR at a time, the last few through the narrower instance — every
+/// remainder below NR listed, so no row is skipped.
+macro_rules! tile_rows {
+    ($tile:ident, $nr:expr, $rows:expr, ($x:expr, $inp:expr, $kk:expr, $pack:expr, $acc:expr), [$($rem:literal)*]) => {{
+        let mut r = 0;
+        while r + $nr <= $rows {
+            $tile::<{ $nr }>($x, $inp, r, $kk, $pack, $acc);
+            r += $nr;
+        }
+        match $rows - r {
+            0 => {}
+            $($rem => $tile::<$rem>($x, $inp, r, $kk, $pack, $acc),)*
+            n => unreachable!("{n} rows past the tile"),
+        }
+    }};
+}
+
 /// [`block_with`] on the AVX2 tile, 3 rows at a time ([`panel_tile`]; no FMA, so Zen's separate multiply and
 /// add pipes both run).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn block_avx2(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, out: &mut [f32]) {
-    const NR: usize = TILE_ROWS;
-    block_with((x, rows, inp), w, ncol, out, |x, inp, kk, pack, acc| {
-        let mut r = 0;
-        while r + NR <= rows {
-            panel_tile::<NR>(x, inp, r, kk, pack, acc);
-            r += NR;
-        }
-        match rows - r {
-            2 => panel_tile::<2>(x, inp, r, kk, pack, acc),
-            1 => panel_tile::<1>(x, inp, r, kk, pack, acc),
-            _ => {}
-        }
-    })
+    block_with(
+        (x, rows, inp),
+        w,
+        ncol,
+        out,
+        |x, inp, kk, pack, acc| tile_rows!(panel_tile, TILE_ROWS, rows, (x, inp, kk, pack, acc), [2 1]),
+    )
 }
 
 /// [`panel_tile`] with the panel's 16 outputs in one zmm register (AVX-512F): the same multiplies and adds
@@ -595,44 +620,22 @@ unsafe fn panel_tile512<const NR: usize>(
     use std::arch::x86_64::*;
     let xp: [*const f32; NR] = std::array::from_fn(|i| x.as_ptr().add((r + i) * inp + k0));
     let ap = acc.as_mut_ptr().add(r * NB);
-    let mut c: [__m512; NR] = [_mm512_setzero_ps(); NR];
-    for (i, v) in c.iter_mut().enumerate() {
-        *v = _mm512_loadu_ps(ap.add(i * NB));
-    }
+    let c: [__m512; NR] = std::array::from_fn(|i| _mm512_loadu_ps(ap.add(i * NB)));
     let pp = pack.as_ptr();
-    let mut s = [_mm512_setzero_ps(); NR];
-    let step = |s: &mut [__m512; NR], k: usize, first: bool| {
+    let mut st = ([_mm512_setzero_ps(); NR], c);
+    let step = |(s, _): &mut ([__m512; NR], [__m512; NR]), k: usize, first: bool| {
         let w = _mm512_loadu_ps(pp.add(k * NB));
         for i in 0..NR {
             let p = _mm512_mul_ps(_mm512_set1_ps(*xp[i].add(k)), w);
             s[i] = if first { p } else { _mm512_add_ps(s[i], p) };
         }
     };
-    let close = |s: &[__m512; NR], c: &mut [__m512; NR]| {
+    mlas_groups(kc, &mut st, step, |(s, c)| {
         for i in 0..NR {
             c[i] = _mm512_add_ps(s[i], c[i]);
         }
-    };
-    let k4 = kc / 4 * 4;
-    let mut g = 0;
-    while g < k4 {
-        step(&mut s, g, true);
-        step(&mut s, g + 1, false);
-        step(&mut s, g + 2, false);
-        step(&mut s, g + 3, false);
-        close(&s, &mut c);
-        g += 4;
-    }
-    if kc - g >= 2 {
-        step(&mut s, g, true);
-        step(&mut s, g + 1, false);
-        close(&s, &mut c);
-        g += 2;
-    }
-    if kc - g == 1 {
-        step(&mut s, g, true);
-        close(&s, &mut c);
-    }
+    });
+    let c = st.1;
     for (i, v) in c.iter().enumerate() {
         _mm512_storeu_ps(ap.add(i * NB), *v);
     }
@@ -645,22 +648,13 @@ const TILE_ROWS_512: usize = 6;
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn block_avx512(x: &[f32], rows: usize, inp: usize, w: Src, ncol: usize, out: &mut [f32]) {
-    const NR: usize = TILE_ROWS_512;
-    block_with((x, rows, inp), w, ncol, out, |x, inp, kk, pack, acc| {
-        let mut r = 0;
-        while r + NR <= rows {
-            panel_tile512::<NR>(x, inp, r, kk, pack, acc);
-            r += NR;
-        }
-        match rows - r {
-            5 => panel_tile512::<5>(x, inp, r, kk, pack, acc),
-            4 => panel_tile512::<4>(x, inp, r, kk, pack, acc),
-            3 => panel_tile512::<3>(x, inp, r, kk, pack, acc),
-            2 => panel_tile512::<2>(x, inp, r, kk, pack, acc),
-            1 => panel_tile512::<1>(x, inp, r, kk, pack, acc),
-            _ => {}
-        }
-    })
+    block_with(
+        (x, rows, inp),
+        w,
+        ncol,
+        out,
+        |x, inp, kk, pack, acc| tile_rows!(panel_tile512, TILE_ROWS_512, rows, (x, inp, kk, pack, acc), [5 4 3 2 1]),
+    )
 }
 
 #[cfg(target_arch = "x86_64")]
