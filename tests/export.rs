@@ -770,7 +770,7 @@ fn quantsim_arithmetic_is_onnxruntimes() {
             .map(|b| f32::from_bits(b.as_u64().unwrap() as u32))
             .collect()
     };
-    use hexq_graph::rowmm::{matmul, RowWeight, Rows};
+    use hexq_kernels::RowWeight;
     for c in r["matmul"].as_array().unwrap() {
         let (k, n) = (
             c["k"].as_u64().unwrap() as usize,
@@ -779,14 +779,10 @@ fn quantsim_arithmetic_is_onnxruntimes() {
         let (a, b, want) = (f(&c["a"]), f(&c["b"]), f(&c["y"]));
         // onnxruntime's B is [K, N]; the weight kernel keeps [out, in] rows.
         let rows: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
-        let w = RowWeight {
-            out: n,
-            inp: k,
-            rows: Rows::F32(rows),
-        };
+        let w = RowWeight::f32(n, k, rows);
         // Two rows at once: each computes what onnxruntime's one-row kernel does.
         let two: Vec<f32> = a.iter().chain(&a).copied().collect();
-        let got = matmul(&two, 2, &w);
+        let got = w.matmul(&two, 2);
         for r in 0..2 {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(
@@ -797,7 +793,7 @@ fn quantsim_arithmetic_is_onnxruntimes() {
         }
     }
     let (x, want) = (f(&r["sigmoid"]["x"]), f(&r["sigmoid"]["y"]));
-    let got = hexq_graph::logistic(&x);
+    let got = hexq_kernels::logistic(&x);
     let off = got
         .iter()
         .zip(&want)
@@ -815,7 +811,7 @@ fn quantsim_arithmetic_is_onnxruntimes() {
         let (x, want) = (f(&c["x"]), f(&c["y"]));
         let mut got = vec![0f32; x.len()];
         for (row, o) in x.chunks_exact(d).zip(got.chunks_exact_mut(d)) {
-            hexq_graph::softmax_row(row, o);
+            hexq_kernels::softmax_row(row, o);
         }
         let off = got
             .iter()
@@ -842,14 +838,14 @@ fn quantsim_arithmetic_is_onnxruntimes() {
                 .iter()
                 .map(|v| v.to_bits())
                 .collect();
-            let got: Vec<u32> = hexq_graph::matmul_slices(ah, bh, (m, k, n), false)
+            let got: Vec<u32> = hexq_kernels::matmul_slices(ah, bh, (m, k, n), false)
                 .iter()
                 .map(|v| v.to_bits())
                 .collect();
             assert_eq!(got, wh, "attention MatMul m={m} k={k} n={n} (b as [k, n])");
             // The same product with b read as a key ring ([n, k] rows).
             let keys: Vec<f32> = (0..n * k).map(|i| bh[(i % k) * n + i / k]).collect();
-            let got: Vec<u32> = hexq_graph::matmul_slices(ah, &keys, (m, k, n), true)
+            let got: Vec<u32> = hexq_kernels::matmul_slices(ah, &keys, (m, k, n), true)
                 .iter()
                 .map(|v| v.to_bits())
                 .collect();
@@ -861,7 +857,7 @@ fn quantsim_arithmetic_is_onnxruntimes() {
     for c in r["mean"].as_array().unwrap() {
         let d = c["d"].as_u64().unwrap() as usize;
         let (x, want) = (f(&c["x"]), f(&c["y"]));
-        let got: Vec<f32> = x.chunks_exact(d).map(hexq_graph::mean_row).collect();
+        let got: Vec<f32> = x.chunks_exact(d).map(hexq_kernels::mean_row).collect();
         let off = got
             .iter()
             .zip(&want)

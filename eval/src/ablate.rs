@@ -17,7 +17,7 @@
 use candle_core::{Device, Tensor};
 use half::f16;
 use hexq_graph::interp::Hook;
-use hexq_graph::rowmm::{RowWeight, Rows};
+use hexq_kernels::RowWeight;
 use hexq_model::names::{LayerTensor, Role};
 use hexq_quantize::quantsim::FakeQuant;
 use hexq_quantize::Encoding;
@@ -325,7 +325,7 @@ impl Hook for Measured {
 }
 
 impl Hook for GridHook {
-    /// A MatMul weight's rows on the grid, kept as integers and per-group scales (`Rows::Q8`/`Q16`, exactly the
+    /// A MatMul weight's rows on the grid, kept as integers and per-group scales (`RowWeight::ints_with`, exactly the
     /// gridded f32 values; 2 bytes a weight instead of 4 — what lets an E2B decoder sit in memory per scheme).
     /// Heavy-tail scaling first, then the grid; f32 rows when a grid's values are not integer × scale.
     fn weight_rows(&mut self, name: &str, w: &RowWeight) -> Option<RowWeight> {
@@ -345,7 +345,7 @@ impl Hook for GridHook {
             }
         };
         let f32_rows = |grid: Option<Grid>| {
-            let mut f = hexq_graph::rowmm::zeroed::<f32>(w.out * w.inp);
+            let mut f = hexq_kernels::zeroed::<f32>(w.out * w.inp);
             f.par_chunks_mut(w.inp).enumerate().for_each_init(
                 || (Vec::new(), Vec::new()),
                 |(buf, row), (j, dst)| {
@@ -356,16 +356,12 @@ impl Hook for GridHook {
                     dst.copy_from_slice(row);
                 },
             );
-            Some(RowWeight {
-                out: w.out,
-                inp: w.inp,
-                rows: Rows::F32(f),
-            })
+            Some(RowWeight::f32(w.out, w.inp, f))
         };
         let Some(g) = grid else {
             return f32_rows(None);
         };
-        // Each row gridded and stored as its integers straight into rowmm's form (`Rows::ints_with`: no
+        // Each row gridded and stored as its integers straight into rowmm's form (`RowWeight::ints_with`: no
         // two-byte copy of the weight first — at E2B 3.8 GB of fresh pages a scheme): (scales, Σx², Σ(x−q)²,
         // integers exact) per row.
         let group = match g {
@@ -388,7 +384,7 @@ impl Hook for GridHook {
             *per[j].lock().unwrap() = (sc, ss, nn, ok);
         };
         let mut rows = if fits {
-            Some(Rows::ints_with(
+            Some(RowWeight::ints_with(
                 w.out,
                 w.inp,
                 Vec::new(),
@@ -408,17 +404,13 @@ impl Hook for GridHook {
             .fold((0f64, 0f64), |(a, b), r| (a + r.1, b + r.2));
         self.add_sqnr(class_of(name), ss, nn, (w.out * w.inp) as u64);
         match &mut rows {
-            Some(Rows::Q8 { scale, .. } | Rows::Q16 { scale, .. }) if per.iter().all(|r| r.3) => {
-                *scale = per.into_iter().flat_map(|r| r.0).collect();
+            Some(r) if per.iter().all(|r| r.3) => {
+                r.set_scales(per.into_iter().flat_map(|r| r.0).collect());
             }
             // A grid whose values are not integer × scale (none of today's): f32 rows, gridded again.
             _ => return f32_rows(Some(g)),
         }
-        Some(RowWeight {
-            out: w.out,
-            inp: w.inp,
-            rows: rows.unwrap(),
-        })
+        rows
     }
 
     fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {

@@ -356,22 +356,13 @@ pub fn to_f32_serial_into(b: &[u8], dt: DType, out: &mut Vec<f32>) {
     convert(b, dt, out);
 }
 
-/// `o.len()` values from the front of `s`.
+/// `o.len()` values from the front of `s` (bf16 by the kernels' widening, the one the weight MatMul's
+/// packer mirrors).
 fn convert(s: &[u8], dt: DType, o: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if dt == DType::BF16 && std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        return unsafe { bf16_avx2(s, o) };
+    if dt == DType::BF16 {
+        return hexq_kernels::convert::bf16_to_f32(s, o);
     }
     convert_lanes(s, dt, o)
-}
-
-/// bf16 widening compiled for AVX2: calibration's per-row ranges and the bake widen every weight (1.9 G
-/// values at E2B); the baseline build kept it one value at a time.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn bf16_avx2(s: &[u8], o: &mut [f32]) {
-    convert_lanes(s, DType::BF16, o)
 }
 
 #[inline(always)]
@@ -382,14 +373,7 @@ fn convert_lanes(s: &[u8], dt: DType, o: &mut [f32]) {
                 *v = f32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
             }
         }
-        DType::BF16 => {
-            for (v, b) in o.iter_mut().zip(s.chunks_exact(2)) {
-                let h = u16::from_le_bytes([b[0], b[1]]);
-                // half's bf16 → f32: a signalling NaN comes out quiet.
-                let h = if h & 0x7fff > 0x7f80 { h | 0x40 } else { h };
-                *v = f32::from_bits((h as u32) << 16);
-            }
-        }
+        DType::BF16 => hexq_kernels::convert::bf16_to_f32(s, o),
         DType::F16 => {
             for (i, v) in o.iter_mut().enumerate() {
                 *v = f16::from_bits(u16::from_le_bytes([s[2 * i], s[2 * i + 1]])).to_f32();

@@ -4,6 +4,7 @@
 use crate::Encodings;
 use candle_core::{Device, Tensor};
 use hexq_graph::interp::Hook;
+use hexq_kernels::RowWeight;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -182,12 +183,7 @@ fn param_ints(en: &crate::Encoding, row: &[f32], dst: &mut [i16]) {
 impl Hook for FakeQuant {
     /// Per-channel (or per-tensor) params of ≤ 8 bits on a MatMul weight's rows, kept as integers: row j is
     /// `(q − zp) · scale_j`, which is exactly [`crate::Encoding::fake_param`]'s f32 value.
-    fn weight_rows(
-        &mut self,
-        name: &str,
-        w: &hexq_graph::rowmm::RowWeight,
-    ) -> Option<hexq_graph::rowmm::RowWeight> {
-        use hexq_graph::rowmm::{RowWeight, Rows};
+    fn weight_rows(&mut self, name: &str, w: &RowWeight) -> Option<RowWeight> {
         let e = self.enc.get(name)?;
         if !self.params || self.lpbq.contains_key(name) || !(e.len() == w.out || e.len() == 1) {
             return None;
@@ -195,7 +191,7 @@ impl Hook for FakeQuant {
         if e.iter().any(|x| x.bitwidth > 8) {
             return None;
         }
-        if matches!(w.rows, Rows::Q16 { .. } | Rows::Q8 { .. }) {
+        if w.is_ints() {
             return None;
         }
         // Rows in parallel (one weight is up to 400 M values at E2B; bake hands weights over one at a time),
@@ -203,14 +199,13 @@ impl Hook for FakeQuant {
         let scale = (0..w.out)
             .map(|j| e[if e.len() == 1 { 0 } else { j }].scale as f32)
             .collect();
-        let rows = Rows::ints_with(w.out, w.inp, scale, w.inp, |j, dst, buf| {
-            param_ints(&e[if e.len() == 1 { 0 } else { j }], w.row(j, buf), dst)
-        });
-        Some(RowWeight {
-            out: w.out,
-            inp: w.inp,
-            rows,
-        })
+        Some(RowWeight::ints_with(
+            w.out,
+            w.inp,
+            scale,
+            w.inp,
+            |j, dst, buf| param_ints(&e[if e.len() == 1 { 0 } else { j }], w.row(j, buf), dst),
+        ))
     }
 
     fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {

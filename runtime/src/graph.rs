@@ -492,12 +492,12 @@ impl Backend for GraphBackend {
     }
 }
 
-/// The LM head as rows of the batch-invariant kernel ([`hexq_graph::rowmm`]): the logits of many hidden
+/// The LM head as rows of the batch-invariant kernel ([`hexq_kernels::rowmm`]): the logits of many hidden
 /// states in one multiply (the head read once), each row's result independent of the others — greedy picks
 /// and verify figures do not depend on how many prompts run side by side. Final softcap applied as the
 /// host's head does.
 pub struct Head {
-    rows: hexq_graph::rowmm::RowWeight,
+    rows: hexq_kernels::RowWeight,
     cap: Option<f32>,
 }
 
@@ -524,7 +524,7 @@ impl Head {
             return vec![];
         }
         let x: Vec<f32> = hs.iter().flat_map(|h| h.iter().copied()).collect();
-        let y = hexq_graph::rowmm::matmul(&x, hs.len(), &self.rows);
+        let y = self.rows.matmul(&x, hs.len());
         // Rows in parallel: the softcap is a libm tanh per vocabulary entry (262,144 per row at E2B).
         use rayon::prelude::*;
         y.par_chunks(self.rows.out)

@@ -3,61 +3,29 @@
 //! extent (candle's gemm picks its blocking from the shapes, so a score came out 1 ulp apart at 48 keys and
 //! at 4096). With it, a decode step computes the same bits whatever the ring length (trailing never-written
 //! slots add exact zeros), which is what lets calibration run short rings for long contexts
-//! ([`crate::build::spanning`]) and stay byte-identical, and the exported graph's attention in onnxruntime
+//! (hexq-graph's `build::spanning`) and stay byte-identical, and the exported graph's attention in onnxruntime
 //! sums what quantsim sums.
 
-use crate::ops::with_f32;
-use candle_core::{DType as CD, Device, Tensor};
-
-/// `a @ b` for f32 operands with equal batch dims, `a` any layout, `b` read in place when its last two
-/// axes are either contiguous along k (a transposed key ring) or along n (a value ring). None otherwise.
-pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Option<candle_core::Result<Tensor>> {
-    let (ad, bd) = (a.dims(), b.dims());
-    let r = ad.len();
-    if r < 2 || bd.len() != r || ad[..r - 2] != bd[..r - 2] || ad[r - 1] != bd[r - 2] {
-        return None;
+/// `out[b·m·n + i·n + j] = a_b[i] · b_b[:, j]` for each batch item `b`, whose `[k, n]` block of `bv` starts at
+/// `offs[b]` with strides `(sk, sn)` (one of them 1: a transposed key ring or a value ring); `a` is
+/// `[batch, m, k]` row-major. The interpreter's attention MatMuls call this with candle's storage in place.
+pub fn matmul_strided(
+    av: &[f32],
+    bv: &[f32],
+    offs: &[usize],
+    (m, k, n): (usize, usize, usize),
+    (sk, sn): (usize, usize),
+    out: &mut [f32],
+) {
+    assert!(sk == 1 || sn == 1, "dot: b must be contiguous along k or n");
+    let shape = Shape { m, k, n, sk, sn };
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were just checked.
+        unsafe { kernel_avx2(av, bv, offs, shape, out) };
+        return;
     }
-    if a.dtype() != CD::F32 || b.dtype() != CD::F32 {
-        return None;
-    }
-    let (m, k, n) = (ad[r - 2], ad[r - 1], bd[r - 1]);
-    let batch: usize = ad[..r - 2].iter().product();
-    let (st, layout) = b.storage_and_layout();
-    let candle_core::Storage::Cpu(candle_core::CpuStorage::F32(bv)) = &*st else {
-        return None;
-    };
-    let bs = layout.stride();
-    let (sk, sn) = (bs[r - 2], bs[r - 1]);
-    if sk != 1 && sn != 1 {
-        return None;
-    }
-    // Offset of each batch's [k, n] block (any strides on the batch axes).
-    let offs: Vec<usize> = (0..batch)
-        .map(|mut i| {
-            let mut o = layout.start_offset();
-            for ax in (0..r - 2).rev() {
-                o += (i % bd[ax]) * bs[ax];
-                i /= bd[ax];
-            }
-            o
-        })
-        .collect();
-    let r = with_f32(a, |av| {
-        let mut out = vec![0f32; batch * m * n];
-        let shape = Shape { m, k, n, sk, sn };
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            unsafe { kernel_avx2(av, bv, &offs, shape, &mut out) };
-        } else {
-            kernel(av, bv, &offs, shape, &mut out);
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        kernel(av, bv, &offs, shape, &mut out);
-        let mut dims = ad[..ad.len() - 1].to_vec();
-        dims.push(n);
-        Tensor::from_vec(out, dims, &Device::Cpu)
-    });
-    Some(r.and_then(|r| r))
+    kernel(av, bv, offs, shape, out);
 }
 
 /// `a [m, k] · b` on plain slices, for judges: `b` as `[k, n]` rows (a value ring), or with `keys` as
@@ -152,7 +120,7 @@ unsafe fn item_avx2(
                 *v =
                     std::arch::x86_64::_mm256_loadu_ps(bv.as_ptr().add(o + (j + i) * sn + kk * sk));
             }
-            for (i, v) in crate::rowmm::transpose8(r).iter().enumerate() {
+            for (i, v) in crate::simd::transpose8(r).iter().enumerate() {
                 std::arch::x86_64::_mm256_storeu_ps(bt.as_mut_ptr().add((kk + i) * n + j), *v);
             }
         }
@@ -432,40 +400,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// Equal to candle's matmul within float rounding, for both layouts of b; and a score computed against
-    /// more keys (a longer ring, trailing zeros) is the same bits.
-    #[test]
-    fn fixed_order_matmul_matches_and_ignores_the_ring_length() -> candle_core::Result<()> {
-        let dev = Device::Cpu;
-        let q = Tensor::randn(0f32, 1.0, (1, 2, 4, 40), &dev)?;
-        let k = Tensor::randn(0f32, 1.0, (1, 2, 24, 40), &dev)?;
-        let kt = k.transpose(2, 3)?;
-        let s = matmul(&q, &kt).unwrap()?;
-        let want = q.matmul(&kt.contiguous()?)?;
-        let d = (&s - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        assert!(d < 1e-4, "{d}");
-        let p = Tensor::randn(0f32, 1.0, (1, 2, 4, 24), &dev)?;
-        let pv = matmul(&p, &k).unwrap()?;
-        let d = (&pv - p.matmul(&k)?)?
-            .abs()?
-            .max_all()?
-            .to_scalar::<f32>()?;
-        assert!(d < 1e-4, "{d}");
-        // A ring of 64 slots whose last 40 were never written.
-        let long = Tensor::cat(&[&k, &Tensor::zeros((1, 2, 40, 40), CD::F32, &dev)?], 2)?;
-        let sl = matmul(&q, &long.transpose(2, 3)?).unwrap()?;
-        assert_eq!(
-            sl.narrow(3, 0, 24)?.flatten_all()?.to_vec1::<f32>()?,
-            s.flatten_all()?.to_vec1::<f32>()?
-        );
-        let pl = Tensor::cat(&[&p, &Tensor::zeros((1, 2, 4, 40), CD::F32, &dev)?], 3)?;
-        let pvl = matmul(&pl, &long).unwrap()?;
-        assert_eq!(
-            pvl.flatten_all()?.to_vec1::<f32>()?,
-            pv.flatten_all()?.to_vec1::<f32>()?
-        );
-        Ok(())
     }
 }

@@ -1,6 +1,6 @@
 //! Attention's two activation MatMuls at E2B's decode shapes (8 query heads on one KV head, head_dim 256,
-//! a 288-slot ring): `cargo run --release -p hexq-graph --example attn_bench`. Best of 7, single thread.
-use hexq_graph::matmul_slices;
+//! a 288-slot ring): `cargo run --release -p hexq-kernels --example attn_bench`. Best of 7, single thread.
+use hexq_kernels::matmul_slices;
 use std::time::Instant;
 
 fn main() {

@@ -1,9 +1,9 @@
 //! Chained runs (see [`Interpreter::run_chained`]): set s continues set p's sequence one position later, its
 //! `past_*` inputs being p's `present_*` outputs, all inside one run of the decode graph.
 
-use crate::interp::{Hook, Interpreter, Val};
+use super::ops::eval;
+use super::{Hook, Interpreter, Val};
 use crate::ir::Node;
-use crate::ops::eval;
 use candle_core::{DType as CD, Device, Tensor};
 use hexq_model::error::{Error, Result};
 use std::collections::HashMap;

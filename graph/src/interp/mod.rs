@@ -1,31 +1,36 @@
 //! CPU interpreter for the IR, f32 (ints as i64, bools as u8), on candle tensors. Used by tests, calibration
 //! (an observer sees every tensor) and quantsim (a hook may replace any tensor, e.g. by its fake-quantized
 //! copy). Weights are fetched lazily from a [`WeightSource`] and cached per initializer.
+//!
+//! The room: `mod.rs` (sources, hooks, the interpreter and its weight caches), `run.rs` (one batched or
+//! chained run), `chain.rs` (positions of one sequence in one call), `ops.rs` (each op on candle tensors,
+//! the arithmetic itself in `hexq-kernels`), `profile.rs` (HEXQ_PROFILE).
 
-use crate::chain::Chain;
+mod chain;
+mod ops;
+mod profile;
+mod run;
+
 use crate::ir::{Graph, GraphError, InitSource, Op};
-use crate::ops::eval;
-pub use crate::ops::with_f32;
-use crate::rowmm::{self, RowWeight, Rows};
 use candle_core::{DType as CD, Device, Tensor};
+pub use hexq_kernels::RowWeight;
 use hexq_model::checkpoint::Checkpoint;
 use hexq_model::error::{Error, Result};
+pub use ops::with_f32;
+pub use profile::profile_report;
+use profile::profiling;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// Supplies checkpoint tensors as f32 by prefix-relative name.
 pub trait WeightSource: Send + Sync {
     fn weight(&self, name: &str) -> Result<Tensor>;
-    /// A 2-D `[out, in]` weight as rows for [`rowmm`] in its stored dtype (bf16 kept as bf16); by default
+    /// A 2-D `[out, in]` weight as rows for [`hexq_kernels::rowmm`] in its stored dtype (bf16 kept as bf16); by default
     /// the f32 values.
     fn rows(&self, name: &str) -> Result<RowWeight> {
         let t = self.weight(name)?;
         let (out, inp) = t.dims2()?;
-        Ok(RowWeight {
-            out,
-            inp,
-            rows: Rows::F32(t.flatten_all()?.to_vec1()?),
-        })
+        Ok(RowWeight::f32(out, inp, t.flatten_all()?.to_vec1()?))
     }
 }
 
@@ -52,16 +57,12 @@ impl WeightSource for Checkpoint {
         if info.dtype == hexq_model::weights::DType::BF16 {
             // Read in place from the mapping (the page cache's copy; nothing allocated or faulted in fresh).
             let (map, range) = self.store.mapped(info);
-            let rows = Rows::Bf16Mapped {
-                map,
-                start: range.start,
-            };
-            return Ok(RowWeight { out, inp, rows });
+            return Ok(RowWeight::bf16_mapped(out, inp, map, range.start));
         }
-        let rows = Rows::F32(self.f32(name)?);
+        let rows = RowWeight::f32(out, inp, self.f32(name)?);
         // The copy is what runs read: drop the mapped pages, so the weight is not resident twice.
         self.store.release(info);
-        Ok(RowWeight { out, inp, rows })
+        Ok(rows)
     }
 }
 
@@ -133,7 +134,7 @@ pub struct Interpreter {
     /// For each node, the values whose last use it is (freed after it runs).
     frees: Vec<Vec<String>>,
     /// Per node: the weight initializer when the node is `MatMul(x, Wᵀ)` of a checkpoint weight — run by
-    /// [`rowmm`] on the weight's own rows (batch-invariant, bf16 kept).
+    /// [`hexq_kernels::rowmm`] on the weight's own rows (batch-invariant, bf16 kept).
     pub(crate) fast: Vec<Option<String>>,
     /// Weights consumed only by such MatMuls: never materialized as [in, out] tensors during a run (and not
     /// offered to run-time hooks: transform weights with [`Interpreter::bake`]).
@@ -147,41 +148,6 @@ pub struct Interpreter {
     /// writes K/V): a position whose hidden state nobody reads skips it ([`Interpreter::run_chained`]'s
     /// `need`).
     tail: Vec<bool>,
-}
-
-/// Time per op type over all runs, printed at exit when HEXQ_PROFILE is set (where a run's time goes).
-pub static PROFILE: Mutex<Option<HashMap<String, (f64, u64)>>> = Mutex::new(None);
-
-fn profiling() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("HEXQ_PROFILE").is_some())
-}
-
-/// The profile as a table, slowest first.
-pub fn profile_report() -> Option<String> {
-    let p = PROFILE.lock().unwrap();
-    let m = p.as_ref()?;
-    let mut v: Vec<_> = m.iter().collect();
-    v.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
-    let total: f64 = v.iter().map(|x| x.1 .0).sum();
-    let mut s = format!("| op | seconds | share | calls |\n|---|---|---|---|\n");
-    for (k, (t, n)) in v {
-        s += &format!(
-            "| {k} | {t:.2} | {:.1} % | {n} |\n",
-            100.0 * t / total.max(1e-12)
-        );
-    }
-    Some(s)
-}
-
-fn record(op: &str, t0: std::time::Instant) {
-    let mut p = PROFILE.lock().unwrap();
-    let e = p
-        .get_or_insert_with(HashMap::new)
-        .entry(op.to_string())
-        .or_insert((0.0, 0));
-    e.0 += t0.elapsed().as_secs_f64();
-    e.1 += 1;
 }
 
 /// Elements below which a batch's per-sequence work stays on one thread.
@@ -204,11 +170,11 @@ impl Val {
 }
 
 /// A skipped set's value (see [`Interpreter::run_chained`]'s `need`).
-fn empty() -> Tensor {
+pub(super) fn empty() -> Tensor {
     Tensor::zeros(0, CD::F32, &Device::Cpu).unwrap()
 }
 
-pub(crate) fn e(graph: &str, node: &str, m: impl std::fmt::Display) -> Error {
+pub(super) fn e(graph: &str, node: &str, m: impl std::fmt::Display) -> Error {
     Error::Graph {
         graph: graph.into(),
         msg: format!("interpreter: node {node:?}: {m}"),
@@ -334,11 +300,7 @@ impl Interpreter {
             Some(t) => {
                 let w = t.t()?.contiguous()?;
                 let (out, inp) = w.dims2()?;
-                RowWeight {
-                    out,
-                    inp,
-                    rows: Rows::F32(w.flatten_all()?.to_vec1()?),
-                }
+                RowWeight::f32(out, inp, w.flatten_all()?.to_vec1()?)
             }
             None => {
                 let Some(InitSource::Weight { tensor, .. }) = self
@@ -459,7 +421,7 @@ impl Interpreter {
     }
 
     /// Run the graph for several independent input sets at once: every weight MatMul multiplies all of their
-    /// rows in one [`rowmm`] call (weights read once per batch), other ops run per set, constants once. Each
+    /// rows in one [`hexq_kernels::rowmm`] call (weights read once per batch), other ops run per set, constants once. Each
     /// set's outputs — and every tensor the hook sees, once per set — are bit for bit what [`run`] gives it
     /// alone.
     ///
@@ -475,194 +437,7 @@ impl Interpreter {
         self.run_chained(inputs, &vec![None; n], None, hook)
     }
 
-    /// [`run_batch`] where some sets continue another set's sequence one position later: `prev[s] = Some(p)`
-    /// (p < s) means set s gives no `past_*` inputs — each is set p's `present_*` (as the hook returned it),
-    /// offered to the hook as set s's input. So a sequence advances several positions in one call and their
-    /// weight MatMuls share one [`rowmm`] call, each position computed exactly as a call of its own would.
-    /// The graph must write each `present_*` in the node that reads its `past_*` (the ring write), or
-    /// later. The `present_*` outputs of sets that another set continues come back empty (freed early).
-    ///
-    /// `need[s] == false`: nobody reads set s's outputs other than its `present_*`, so the nodes those do
-    /// not depend on are not run for it (nor shown to the hook) and its other outputs come back empty. Under
-    /// KV sharing that is every layer after the last one writing K/V — the prefill saving Gemma 3n's and
-    /// Gemma 4's KV sharing is for. Every other set's values are unchanged (the skipped nodes feed no KV).
-    ///
-    /// [`run_batch`]: Interpreter::run_batch
-    pub fn run_chained(
-        &self,
-        mut inputs: Vec<HashMap<String, Tensor>>,
-        prev: &[Option<usize>],
-        need: Option<&[bool]>,
-        hook: &mut dyn Hook,
-    ) -> Result<Vec<HashMap<String, Tensor>>> {
-        let g = &self.graph;
-        let b = inputs.len();
-        let chain = Chain::of(self, prev)?;
-        let mut vals: HashMap<String, Val> = HashMap::new();
-        for vi in &g.inputs {
-            let mut per = Vec::with_capacity(b);
-            for (s, inp) in inputs.iter_mut().enumerate() {
-                if prev[s].is_some() && chain.carry.contains_key(&vi.name) {
-                    per.push(Tensor::zeros(0, CD::F32, &Device::Cpu)?);
-                    continue;
-                }
-                let t = inp.remove(&vi.name).ok_or_else(|| Error::Graph {
-                    graph: g.name.clone(),
-                    msg: format!("missing input {:?}", vi.name),
-                })?;
-                if t.dims() != vi.ty.shape.as_slice() {
-                    return Err(Error::Graph {
-                        graph: g.name.clone(),
-                        msg: format!(
-                            "input {:?} has shape {:?}, contract says {:?}",
-                            vi.name,
-                            t.dims(),
-                            vi.ty.shape
-                        ),
-                    });
-                }
-                let want = if vi.ty.dtype.is_float() {
-                    CD::F32
-                } else {
-                    CD::I64
-                };
-                let t = t.to_dtype(want)?;
-                per.push(hook.tensor(&vi.name, &t).unwrap_or(t));
-            }
-            vals.insert(vi.name.clone(), Val::Per(per));
-        }
-        for init in g
-            .initializers
-            .iter()
-            .filter(|i| !self.fast_only.contains(&i.name))
-        {
-            let t = self.init_value(&init.name)?;
-            let t = hook.tensor(&init.name, &t).unwrap_or(t);
-            vals.insert(init.name.clone(), Val::One(t));
-        }
-        for (k, n) in g.nodes.iter().enumerate() {
-            let out_ty = &g.types[&n.outputs[0]];
-            let name = &n.outputs[0];
-            let t0 = std::time::Instant::now();
-            chain.fill(k, n, &mut vals, hook)?;
-            if chain.sequential(k, n) {
-                let per = chain
-                    .run_node(k, n, &out_ty.shape, &vals, hook)
-                    .map_err(|m| e(&g.name, &n.name, m))?;
-                if profiling() {
-                    record(n.op.onnx_name(), t0);
-                }
-                vals.insert(name.clone(), Val::Per(per));
-                chain.release(k, prev, &mut vals);
-                for f in &self.frees[k] {
-                    vals.remove(f);
-                }
-                continue;
-            }
-            // The sets this node runs for: all, or under `need` only those whose hidden state is read.
-            let sets: Vec<usize> = match need.filter(|_| self.tail[k]) {
-                Some(nd) => (0..b).filter(|&s| nd[s]).collect(),
-                None => (0..b).collect(),
-            };
-            let all = sets.len() == b;
-            let v = if sets.is_empty() {
-                Val::Per(vec![empty(); b])
-            } else if let Some(w) = &self.fast[k] {
-                let w = self.row_weight(w)?;
-                match &vals[&n.inputs[0]] {
-                    Val::One(x) => Val::One(self.fast_matmul(&[x], &w, &out_ty.shape)?.remove(0)),
-                    Val::Per(xs) => Val::Per(self.fast_matmul(
-                        &sets.iter().map(|&s| &xs[s]).collect::<Vec<_>>(),
-                        &w,
-                        &out_ty.shape,
-                    )?),
-                }
-            } else if let (true, Op::Transpose { perm }) = (self.view[k], &n.op) {
-                let v = |t: &Tensor| t.permute(perm.as_slice());
-                match &vals[&n.inputs[0]] {
-                    Val::One(x) => Val::One(v(x)?),
-                    Val::Per(xs) => Val::Per(
-                        sets.iter()
-                            .map(|&s| v(&xs[s]))
-                            .collect::<candle_core::Result<_>>()?,
-                    ),
-                }
-            } else if n.inputs.iter().all(|i| matches!(vals[i], Val::One(_))) {
-                let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(0)).collect();
-                Val::One(eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))?)
-            } else {
-                // The sequences' ops are independent: one per core when there is enough work to share (small
-                // tensors cost less than the hand-off).
-                use rayon::prelude::*;
-                let one = |&s: &usize| {
-                    let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i].get(s)).collect();
-                    eval(&n.op, &ins, &out_ty.shape).map_err(|m| e(&g.name, &n.name, m))
-                };
-                let work = out_ty.shape.iter().product::<usize>() * sets.len();
-                let per: Vec<Tensor> = if sets.len() > 1 && work >= PAR_MIN {
-                    sets.par_iter().map(one).collect::<Result<_>>()?
-                } else {
-                    sets.iter().map(one).collect::<Result<_>>()?
-                };
-                Val::Per(per)
-            };
-            if profiling() {
-                record(
-                    if self.fast[k].is_some() {
-                        "MatMul (weights, rowmm)"
-                    } else {
-                        n.op.onnx_name()
-                    },
-                    t0,
-                );
-            }
-            let t0 = std::time::Instant::now();
-            // The hook sees each set's tensor, as b separate runs would show it.
-            let v = match v {
-                _ if sets.is_empty() => v,
-                Val::One(t) => {
-                    let mut r = None;
-                    for _ in 0..sets.len() {
-                        r = hook.tensor(name, &t).or(r);
-                    }
-                    Val::One(r.unwrap_or(t))
-                }
-                Val::Per(ts) => {
-                    let r = hook.tensors(name, &ts);
-                    let ts: Vec<Tensor> =
-                        ts.into_iter().zip(r).map(|(t, r)| r.unwrap_or(t)).collect();
-                    if all {
-                        Val::Per(ts)
-                    } else {
-                        // Back to one entry per set, empty where skipped.
-                        let mut per = vec![empty(); b];
-                        for (&s, t) in sets.iter().zip(ts) {
-                            per[s] = t;
-                        }
-                        Val::Per(per)
-                    }
-                }
-            };
-            if profiling() {
-                record(&format!("(hook) {}", n.op.onnx_name()), t0);
-            }
-            vals.insert(name.clone(), v);
-            chain.release(k, prev, &mut vals);
-            for f in &self.frees[k] {
-                vals.remove(f);
-            }
-        }
-        Ok((0..b)
-            .map(|s| {
-                g.outputs
-                    .iter()
-                    .map(|o| (o.name.clone(), vals[&o.name].get(s).clone()))
-                    .collect()
-            })
-            .collect())
-    }
-
-    /// `x · Wᵀ` for each x (shape `[.., in]`) through one [`rowmm::matmul`] over all their rows.
+    /// `x · Wᵀ` for each x (shape `[.., in]`) through one [`RowWeight::matmul`] over all their rows.
     fn fast_matmul(&self, xs: &[&Tensor], w: &RowWeight, out: &[usize]) -> Result<Vec<Tensor>> {
         let mut rows = Vec::new();
         let mut n = Vec::with_capacity(xs.len());
@@ -671,7 +446,7 @@ impl Interpreter {
             n.push(v.len() / w.inp);
             rows.extend(v);
         }
-        let y = rowmm::matmul(&rows, rows.len() / w.inp, w);
+        let y = w.matmul(&rows, rows.len() / w.inp);
         let mut off = 0;
         n.iter()
             .map(|&r| {

@@ -1,8 +1,8 @@
-//! The weight kernel alone at E2B's shapes: `cargo run --release -p hexq-graph --example rowmm_bench`.
+//! The weight kernel alone at E2B's shapes: `cargo run --release -p hexq-kernels --example rowmm_bench`.
 //! Prints GFLOP/s per (weight shape, stored form, rows), best of 5 — the figure `HEXQ_PROFILE` reports
 //! inside a calibration, without the rest of the graph.
 
-use hexq_graph::rowmm::{matmul, RowWeight, Rows};
+use hexq_kernels::rowmm::{matmul, RowWeight};
 use std::time::Instant;
 
 fn main() {
@@ -22,35 +22,13 @@ fn main() {
         let forms = [
             (
                 "int8 (Q8)",
-                RowWeight {
-                    out,
-                    inp,
-                    rows: Rows::per_channel(q, scale, inp),
-                },
+                RowWeight::ints(out, inp, q.clone(), scale.clone(), inp),
             ),
-            (
-                "bf16",
-                RowWeight {
-                    out,
-                    inp,
-                    rows: Rows::Bf16(bf),
-                },
-            ),
+            ("bf16", RowWeight::bf16(out, inp, bf)),
         ];
         // Cold: 16 copies of the weight cycled (≈ 300 MB, past the caches), as a model's layers stream by.
         let copies: Vec<RowWeight> = (0..16)
-            .map(|_| match &forms[0].1.rows {
-                Rows::Q8 { q, scale, group } => RowWeight {
-                    out,
-                    inp,
-                    rows: Rows::Q8 {
-                        q: q.clone(),
-                        scale: scale.clone(),
-                        group: *group,
-                    },
-                },
-                _ => unreachable!(),
-            })
+            .map(|_| RowWeight::ints(out, inp, q.clone(), scale.clone(), inp))
             .collect();
         let x: Vec<f32> = (0..64 * inp)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01)
