@@ -148,7 +148,7 @@ fn qdq_export_in_onnxruntime_matches_hexq_quantsim() {
     let dir = root().join("tests/fixtures/tiny-gemma4");
     let ck = Arc::new(hexq_model::Checkpoint::open(&dir).unwrap());
     let tok = hexq_model::chat::Tokenizer::from_dir(&dir).unwrap();
-    let recs = hexq_calibrate::load_dataset(&root().join("datasets/heldout.jsonl")).unwrap();
+    let recs = hexq_model::dataset::load_dataset(&root().join("datasets/heldout.jsonl")).unwrap();
     let go = GraphOptions {
         context: 128,
         seq: 16,
@@ -654,7 +654,8 @@ fn encodings_match_aimet_quantsim_on_the_exported_onnx() {
         exp.to_str().unwrap(),
     ]);
     let tok = hexq_model::chat::Tokenizer::from_dir(&root().join(m)).unwrap();
-    let recs = hexq_calibrate::load_dataset(&root().join("datasets/calibration.jsonl")).unwrap();
+    let recs =
+        hexq_model::dataset::load_dataset(&root().join("datasets/calibration.jsonl")).unwrap();
     let seqs: Vec<Vec<u32>> = recs[..6]
         .iter()
         .map(|r| {

@@ -9,66 +9,31 @@
 //! Guards: raw-text records (no chat template) and inputs that never show the template's special tokens
 //! (e.g. random noise) are refused unless forced — the two calibration failures the published build hit.
 
-use candle_core::{DType as CD, Tensor};
+//!
+//! The room: `lib.rs` (options, stats, the run), `observer.rs` (the range hook), `decode.rs` (the batched
+//! decode loops). Datasets are read by `hexq_model::dataset`. May import: model, graph, runtime, fsutil.
+
+mod decode;
+mod observer;
+
+pub use decode::decode_batched;
+use decode::prompt_ids;
 use hexq_graph::interp::Hook;
 use hexq_graph::{build, GraphOptions, Variant};
-use hexq_model::chat::{Message, Tokenizer, STOP_IDS};
+use hexq_model::chat::{Tokenizer, STOP_IDS};
+use hexq_model::dataset::{load_dataset, Record};
 use hexq_model::forward::argmax;
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_runtime::graph::GraphBackend;
 use hexq_runtime::Hidden;
+pub use observer::RangeObserver;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Chat-template ids whose activations must be observed: `<|turn>`, `<turn|>`, `\n`, `user`, `model`.
 pub const TEMPLATE_IDS: [u32; 5] = [105, 106, 107, 2364, 4368];
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Record {
-    pub id: String,
-    #[serde(default)]
-    pub messages: Option<Vec<Message>>,
-    #[serde(default)]
-    pub text: Option<String>,
-}
-
-/// Read a JSONL dataset; every line must be an object with `id` and `messages` or `text`.
-pub fn load_dataset(path: &Path) -> Result<Vec<Record>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let r: Record = serde_json::from_str(line)
-            .map_err(|e| Error::file(path, format!("line {}: {e}", i + 1)))?;
-        let at = |m: String| Error::file(path, format!("line {} ({}): {m}", i + 1, r.id));
-        match &r.messages {
-            None if r.text.is_none() => return Err(at("needs \"messages\" or \"text\"".into())),
-            Some(m) if m.is_empty() => return Err(at("\"messages\" is empty".into())),
-            Some(m) => {
-                // The roles Gemma's chat templates render.
-                if let Some(x) = m
-                    .iter()
-                    .find(|x| !["system", "user", "model", "assistant"].contains(&x.role.as_str()))
-                {
-                    return Err(at(format!(
-                        "role {:?} (expected system, user, model or assistant)",
-                        x.role
-                    )));
-                }
-            }
-            None => {}
-        }
-        out.push(r);
-    }
-    if out.is_empty() {
-        return Err(Error::file(path, "no records"));
-    }
-    Ok(out)
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Range {
@@ -105,130 +70,6 @@ pub struct Stats {
     #[serde(default)]
     pub params: String,
     pub tensors: BTreeMap<String, Range>,
-}
-
-/// Observer hook: min/max of every float graph input and node output (initializers are weights/constants:
-/// their encodings come from their values, not from calibration).
-#[derive(Clone, Default)]
-pub struct RangeObserver {
-    pub skip: Arc<HashSet<String>>,
-    pub ranges: Arc<Mutex<BTreeMap<String, Range>>>,
-    /// Tensors whose every value is also kept (for independent judges of the encodings).
-    pub capture: Arc<HashSet<String>>,
-    pub captured: Arc<Mutex<BTreeMap<String, Vec<Vec<f32>>>>>,
-    /// Observing a shorter-ring graph for the full one ([`hexq_graph::build::Span::tensors`]): recorded
-    /// under the full graph's names with its element counts.
-    pub span: Arc<HashMap<String, (String, usize, usize)>>,
-}
-
-impl RangeObserver {
-    /// The full graph's name for `name` and the element count a tensor of `n` elements stands for.
-    fn full<'a>(&'a self, name: &'a str, n: usize) -> (&'a str, u64) {
-        match self.span.get(name) {
-            Some((full, a, b)) if *b > 0 => (full, (n / b * a) as u64),
-            Some((full, _, _)) => (full, n as u64),
-            None => (name, n as u64),
-        }
-    }
-}
-
-impl Hook for RangeObserver {
-    fn observes_only(&self) -> bool {
-        self.capture.is_empty()
-    }
-
-    /// A batch's tensors scanned in parallel, merged once (min/max/count merge order-free: the same ranges).
-    fn tensors(&mut self, name: &str, ts: &[Tensor]) -> Vec<Option<Tensor>> {
-        use rayon::prelude::*;
-        let work: usize = ts.iter().map(|t| t.elem_count()).sum();
-        if ts.len() < 2
-            || work < hexq_graph::interp::PAR_MIN
-            || self.skip.contains(self.full(name, 0).0)
-            || !self.capture.is_empty()
-        {
-            return ts.iter().map(|t| self.tensor(name, t)).collect();
-        }
-        let me = &*self;
-        let rs: Vec<Range> = ts
-            .par_iter()
-            .filter(|t| t.dtype() == CD::F32)
-            .filter_map(|t| {
-                min_max(t).map(|(min, max)| Range {
-                    min,
-                    max,
-                    count: me.full(name, t.elem_count()).1,
-                })
-            })
-            .collect();
-        let name = self.full(name, 0).0;
-        let mut m = self.ranges.lock().unwrap();
-        for r in rs {
-            m.entry(name.to_string())
-                .and_modify(|e| e.merge(&r))
-                .or_insert(r);
-        }
-        vec![None; ts.len()]
-    }
-
-    fn tensor(&mut self, name: &str, t: &Tensor) -> Option<Tensor> {
-        let (name, count) = self.full(name, t.elem_count());
-        if t.dtype() != CD::F32 || self.skip.contains(name) {
-            return None;
-        }
-        if self.capture.contains(name) {
-            let v: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;
-            self.captured
-                .lock()
-                .unwrap()
-                .entry(name.to_string())
-                .or_default()
-                .push(v);
-        }
-        let (lo, hi) = min_max(t)?;
-        let r = Range {
-            min: lo,
-            max: hi,
-            count,
-        };
-        self.ranges
-            .lock()
-            .unwrap()
-            .entry(name.to_string())
-            .and_modify(|e| e.merge(&r))
-            .or_insert(r);
-        None
-    }
-}
-
-/// Min and max of an f32 tensor, read in place when contiguous (a KV buffer is not copied to be scanned).
-/// NaN would poison min/max silently; it counts as +inf, an infinite range that is visible.
-fn min_max(t: &Tensor) -> Option<(f32, f32)> {
-    {
-        // A permuted view of a dense block (the transposed KV ring a score MatMul reads) holds the same
-        // values as the block: min/max are order-free, so scan the block instead of copying the view.
-        let (st, layout) = t.storage_and_layout();
-        if let candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)) = &*st {
-            let mut ds: Vec<(usize, usize)> = layout
-                .stride()
-                .iter()
-                .copied()
-                .zip(layout.dims().iter().copied())
-                .filter(|&(_, d)| d > 1)
-                .collect();
-            ds.sort_by(|a, b| b.0.cmp(&a.0));
-            let mut want = 1;
-            let dense = ds.iter().rev().all(|&(s, d)| {
-                let ok = s == want;
-                want *= d;
-                ok
-            });
-            let (a, n) = (layout.start_offset(), t.elem_count());
-            if dense && a + n <= v.len() {
-                return Some(hexq_model::weights::min_max(&v[a..a + n]));
-            }
-        }
-    }
-    hexq_graph::interp::with_f32(t, hexq_model::weights::min_max).ok()
 }
 
 pub struct Options {
@@ -349,34 +190,24 @@ pub fn calibrate_with(
             "{}: {raw} of {} records are raw text, not chat-formatted: chat prompts at inference would hit activation ranges never observed",
             dataset.display(), recs.len()))?;
     }
-    let cfg = &ck.config;
-    let g = build(cfg, o.variant, &o.graph);
+    let g = build(&ck.config, o.variant, &o.graph);
     let graph_sha = g.content_hash();
     let skip: HashSet<String> = g.initializers.iter().map(|i| i.name.clone()).collect();
-    let mut obs = RangeObserver {
-        skip: Arc::new(skip),
-        ..obs
+    let mut run = Run {
+        obs: RangeObserver {
+            skip: Arc::new(skip),
+            ..obs
+        },
+        seen: HashSet::new(),
+        tokens: 0,
+        history: false,
     };
-    let decode_variant = if o.variant == Variant::Trunk {
-        Variant::DecodeWgqa
-    } else {
-        o.variant
-    };
-    let mut interp;
     let batched =
         matches!(engine, Engine::Interp { .. }) && o.variant != Variant::Trunk && !o.noise;
     pb.set_length(recs.len() as u64);
-    let mut seen = HashSet::new();
-    let mut tokens = 0u64;
-    let mut history = false;
+    let mut interp;
     let b: &mut dyn Hidden = match engine {
         Engine::Interp { params } => {
-            let t0 = std::time::Instant::now();
-            let lap = |what: &str| {
-                if std::env::var_os("HEXQ_PROFILE").is_some() {
-                    eprintln!("calibrate: {what} at {:.1} s", t0.elapsed().as_secs_f64());
-                }
-            };
             let ids: Vec<Vec<u32>> = match batched {
                 true => recs
                     .iter()
@@ -384,152 +215,28 @@ pub fn calibrate_with(
                     .collect::<Result<_>>()?,
                 false => vec![],
             };
-            // Rings as long as these prompts reach (plus a never-written slot): the same value sets.
-            let n = ids.iter().map(Vec::len).max().unwrap_or(0) + o.decode_tokens;
-            let span = (batched && !o.full_rings)
-                .then(|| hexq_graph::build::spanning(cfg, decode_variant, &o.graph, n))
-                .flatten();
-            let go = span.as_ref().map_or(o.graph, |s| s.options);
-            if let Some(s) = span {
-                obs.span = Arc::new(s.tensors);
-            }
-            interp =
-                GraphBackend::for_model(&ck, decode_variant, o.variant == Variant::Trunk, &go)?;
-            lap(&format!("graph backend (rings for context {})", go.context));
-            if let Some(mut p) = params {
-                // Weights fake-quantized once, not on every decode call.
-                interp.bake(p.as_mut())?;
-            }
-            lap("weights baked");
-            interp.hook = Some(Box::new(obs.clone()));
+            interp = interp_backend(&ck, o, &ids, params, &mut run.obs)?;
             if batched {
-                for p in &ids {
-                    seen.extend(p.iter().copied().filter(|i| TEMPLATE_IDS.contains(i)));
-                }
                 let key = serde_json::json!({"model_sha256": model_hash(&ck)?, "graph_sha256": graph_sha,
                     "dataset_sha256": hexq_fsutil::sha256_file(dataset)?, "prompts": ids.len(),
                     "decode_tokens": o.decode_tokens, "context": o.graph.context, "variant": o.variant.name(),
                     "params": mode});
-                lap("model hash");
-                let mut start = 0;
-                if let Some(cp) = &o.checkpoint {
-                    let prev: Option<Partial> = std::fs::read(cp)
-                        .ok()
-                        .and_then(|b| serde_json::from_slice(&b).ok());
-                    match prev {
-                        Some(p) if p.key == key => {
-                            eprintln!(
-                                "resuming from {}: {} of {} prompts already observed",
-                                cp.display(),
-                                p.prompts_done,
-                                ids.len()
-                            );
-                            start = p.prompts_done;
-                            tokens = p.tokens;
-                            *obs.ranges.lock().unwrap() = p.tensors;
-                            pb.inc(start as u64);
-                        }
-                        Some(_) => {
-                            eprintln!("{}: from other settings; starting over", cp.display())
-                        }
-                        None => {}
-                    }
-                }
-                let ranges = obs.ranges.clone();
-                let base = tokens;
-                let mut save = |done: usize, toks: u64| -> Result<()> {
-                    let Some(cp) = &o.checkpoint else {
-                        return Ok(());
-                    };
-                    let p = Partial {
-                        key: key.clone(),
-                        prompts_done: done,
-                        tokens: base + toks,
-                        tensors: ranges.lock().unwrap().clone(),
-                    };
-                    hexq_fsutil::write_atomic(
-                        cp,
-                        &serde_json::to_vec(&p).map_err(|e| Error::file(cp, e.to_string()))?,
-                    )?;
-                    if std::env::var("HEXQ_TEST_INTERRUPT_AFTER")
-                        .is_ok_and(|n| n.parse() == Ok(done))
-                    {
-                        std::process::exit(130); // tests: an interruption right after this checkpoint
-                    }
-                    Ok(())
-                };
-                let mut seqs = vec![Vec::new(); ids.len()];
-                let want = o.tokens_out.is_some().then_some(&mut seqs);
-                tokens += decode_batched(&ck, &mut interp, &ids, start, o, pb, &mut save, want)?;
-                if let Some(p) = &o.tokens_out {
-                    // The exact sequences observed (prompt + greedy ids), for judges that replay them.
-                    hexq_fsutil::write_atomic(
-                        p,
-                        &serde_json::to_vec(&seqs[start..])
-                            .map_err(|e| Error::file(p, e.to_string()))?,
-                    )?;
-                }
+                run.batched(&ck, &mut interp, &ids, key, o, pb)?;
             }
             &mut interp
         }
         // (--noise: its set_noise refuses, before any observation.)
         Engine::Ort(b) => {
-            b.taps = Some(Box::new(obs.clone()));
+            b.taps = Some(Box::new(run.obs.clone()));
             b
         }
     };
-    for (k, r) in recs.iter().enumerate().filter(|_| !batched) {
-        let ids = prompt_ids(tok, r, o)?;
-        seen.extend(ids.iter().copied().filter(|i| TEMPLATE_IDS.contains(i)));
-        b.reset_all();
-        if o.noise {
-            // Noise instead of token embeddings: what "calibrate on np.random.randn" does.
-            let mut rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(k as u64);
-            b.set_noise(Some(Box::new(move |n: usize| {
-                use rand_distr::Distribution;
-                let d = rand_distr::Normal::new(0.0f32, 1.0).unwrap();
-                (0..n).map(|_| d.sample(&mut rng)).collect()
-            })))?;
-        }
-        if o.variant == Variant::Trunk {
-            // A second chunk reads the first one's K/V through its past_* inputs.
-            history |= ids.len() > o.graph.seq;
-            b.hidden_all(&ids)?;
-            tokens += ids.len() as u64;
-        } else {
-            let mut h = vec![];
-            for &id in &ids {
-                h = b.step_one(id)?;
-            }
-            tokens += ids.len() as u64;
-            for _ in 0..o.decode_tokens {
-                let next = argmax(&b.logits_of(&h)?);
-                if STOP_IDS.contains(&next) {
-                    break;
-                }
-                h = b.step_one(next)?;
-                tokens += 1;
-            }
-        }
-        if o.noise {
-            b.set_noise(None)?;
-        }
-        pb.inc(1);
+    if !batched {
+        run.sequential(b, &recs, tok, o, pb)?;
     }
-    let mut seen: Vec<u32> = seen.into_iter().collect();
-    seen.sort();
-    if o.noise || seen.len() < TEMPLATE_IDS.len() {
-        let missing: Vec<u32> = TEMPLATE_IDS
-            .iter()
-            .copied()
-            .filter(|i| o.noise || !seen.contains(i))
-            .collect();
-        guard(&mut warnings, o.ignore_guards, format!(
-            "calibration inputs never contain the chat template tokens {missing:?}{}: their activations would be uncalibrated",
-            if o.noise { " (random-noise embeddings)" } else { "" }))?;
-    }
-    let mut tensors = obs.ranges.lock().unwrap().clone();
-    if o.variant == Variant::Trunk && !history {
+    let seen = run.template_ids(o, &mut warnings)?;
+    let mut tensors = run.obs.ranges.lock().unwrap().clone();
+    if o.variant == Variant::Trunk && !run.history {
         // The trunk's past_* inputs carried only the BOS prefix in slot 0 (no prompt filled a second
         // chunk): a range that looks observed but covers one position. Recorded as unobserved, so
         // `quantize` refuses them or takes them from the decode graph's stats (--kv-stats).
@@ -552,174 +259,213 @@ pub fn calibrate_with(
         context: o.graph.context,
         seq: o.graph.seq,
         chat_formatted: raw == 0 && !o.noise,
-        template_ids_seen: if o.noise { vec![] } else { seen },
-        tokens_observed: tokens,
+        template_ids_seen: seen,
+        tokens_observed: run.tokens,
         params: mode,
         tensors,
     })
 }
 
-/// A record's ids: the chat template (or raw text), cut to leave room for the decode steps.
-fn prompt_ids(tok: &Tokenizer, r: &Record, o: &Options) -> Result<Vec<u32>> {
-    let ids = match &r.messages {
-        Some(m) => tok.encode_chat(m)?,
-        None => tok.encode(r.text.as_deref().unwrap())?,
-    };
-    Ok(ids
-        .into_iter()
-        .take(o.graph.context.saturating_sub(o.decode_tokens + 1))
-        .collect())
-}
-
-/// One prompt in flight: its ids, how far it is, the tokens it generated, its last hidden state and KV.
-struct Job {
-    index: usize,
-    ids: Vec<u32>,
-    /// Every id fed so far (the prompt's, then the generated ones).
-    fed: Vec<u32>,
-    cur: usize,
-    generated: usize,
-    h: Vec<f32>,
-    slot: hexq_runtime::graph::Slot,
-}
-
-/// Decode-graph calibration with `o.batch` prompts side by side (continuous batching: a finished prompt's
-/// place goes to the next one): every prompt token, then up to `decode_tokens` greedy tokens, each a decode
-/// step of its own sequence — the same steps, inputs and observed tensors as one prompt at a time, in
-/// another order (min/max/count merge order-free; `GraphBackend::step_batch` is exact per sequence). The
-/// greedy choice uses the head's rows through the same batch-invariant kernel, so it does not depend on the
-/// batch either. Returns the tokens observed.
-///
-/// Resumable: from prompt `start`; every `o.checkpoint_every` prompts the batch drains (no prompt half
-/// observed) and `save(prompts done, tokens)` records the state.
-#[allow(clippy::too_many_arguments)]
-pub fn decode_batched(
+/// The interpreter backend calibration observes: rings as long as the batched prompts reach (plus a
+/// never-written slot: the same value sets as full rings), the params baked once, the observer hooked.
+fn interp_backend(
     ck: &Arc<Checkpoint>,
-    b: &mut GraphBackend,
-    prompts: &[Vec<u32>],
-    start: usize,
     o: &Options,
-    pb: &indicatif::ProgressBar,
-    save: &mut dyn FnMut(usize, u64) -> Result<()>,
-    mut seqs: Option<&mut Vec<Vec<u32>>>,
-) -> Result<u64> {
-    let head = hexq_runtime::graph::Head::of(ck)?;
-    let mut next = start;
-    let mut jobs: Vec<Job> = Vec::new();
-    let (mut tokens, t0) = (0u64, std::time::Instant::now());
-    let (mut head_s, mut step_s) = (0f64, 0f64);
-    let every = if o.checkpoint.is_some() {
-        o.checkpoint_every.max(1)
-    } else {
-        usize::MAX
+    ids: &[Vec<u32>],
+    params: Option<Box<dyn Hook + Send>>,
+    obs: &mut RangeObserver,
+) -> Result<GraphBackend> {
+    let t0 = std::time::Instant::now();
+    let lap = |what: &str| {
+        if std::env::var_os("HEXQ_PROFILE").is_some() {
+            eprintln!("calibrate: {what} at {:.1} s", t0.elapsed().as_secs_f64());
+        }
     };
-    let mut drain_at = (start / every + 1).saturating_mul(every).min(prompts.len());
-    loop {
-        if jobs.is_empty() && next == drain_at && next < prompts.len() {
-            save(next, tokens)?;
-            drain_at = (drain_at + every).min(prompts.len());
+    let trunk = o.variant == Variant::Trunk;
+    let decode_variant = if trunk {
+        Variant::DecodeWgqa
+    } else {
+        o.variant
+    };
+    let n = ids.iter().map(Vec::len).max().unwrap_or(0) + o.decode_tokens;
+    let span = (!ids.is_empty() && !o.full_rings)
+        .then(|| hexq_graph::build::spanning(&ck.config, decode_variant, &o.graph, n))
+        .flatten();
+    let go = span.as_ref().map_or(o.graph, |s| s.options);
+    if let Some(s) = span {
+        obs.span = Arc::new(s.tensors);
+    }
+    let mut interp = GraphBackend::for_model(ck, decode_variant, trunk, &go)?;
+    lap(&format!("graph backend (rings for context {})", go.context));
+    if let Some(mut p) = params {
+        // Weights fake-quantized once, not on every decode call.
+        interp.bake(p.as_mut())?;
+    }
+    lap("weights baked");
+    interp.hook = Some(Box::new(obs.clone()));
+    Ok(interp)
+}
+
+/// What a calibration run has gathered so far.
+struct Run {
+    obs: RangeObserver,
+    seen: HashSet<u32>,
+    tokens: u64,
+    /// A trunk prompt filled a second chunk (its past_* inputs saw more than the prefix).
+    history: bool,
+}
+
+impl Run {
+    /// Every prompt through [`decode_batched`], resumable from `o.checkpoint` (keyed by `key`).
+    fn batched(
+        &mut self,
+        ck: &Arc<Checkpoint>,
+        interp: &mut GraphBackend,
+        ids: &[Vec<u32>],
+        key: serde_json::Value,
+        o: &Options,
+        pb: &indicatif::ProgressBar,
+    ) -> Result<()> {
+        for p in ids {
+            self.seen
+                .extend(p.iter().copied().filter(|i| TEMPLATE_IDS.contains(i)));
         }
-        let in_flight = match o.sequences {
-            0 => o.batch,
-            n => n.min(o.batch),
+        let start = self.resume(&key, ids.len(), o, pb);
+        let ranges = self.obs.ranges.clone();
+        let base = self.tokens;
+        let mut save = |done: usize, toks: u64| -> Result<()> {
+            let Some(cp) = &o.checkpoint else {
+                return Ok(());
+            };
+            let p = Partial {
+                key: key.clone(),
+                prompts_done: done,
+                tokens: base + toks,
+                tensors: ranges.lock().unwrap().clone(),
+            };
+            hexq_fsutil::write_atomic(
+                cp,
+                &serde_json::to_vec(&p).map_err(|e| Error::file(cp, e.to_string()))?,
+            )?;
+            if std::env::var("HEXQ_TEST_INTERRUPT_AFTER").is_ok_and(|n| n.parse() == Ok(done)) {
+                std::process::exit(130); // tests: an interruption right after this checkpoint
+            }
+            Ok(())
         };
-        while jobs.len() < in_flight.max(1) && next < drain_at.min(prompts.len()) {
-            let p = &prompts[next];
-            next += 1;
-            tokens += p.len() as u64;
-            jobs.push(Job {
-                index: next - 1,
-                ids: p.clone(),
-                fed: Vec::new(),
-                cur: 0,
-                generated: 0,
-                h: vec![],
-                slot: b.new_slot(),
-            });
+        let mut seqs = vec![Vec::new(); ids.len()];
+        let want = o.tokens_out.is_some().then_some(&mut seqs);
+        self.tokens += decode_batched(ck, interp, ids, start, o, pb, &mut save, want)?;
+        if let Some(p) = &o.tokens_out {
+            // The exact sequences observed (prompt + greedy ids), for judges that replay them.
+            hexq_fsutil::write_atomic(
+                p,
+                &serde_json::to_vec(&seqs[start..]).map_err(|e| Error::file(p, e.to_string()))?,
+            )?;
         }
-        // Greedy picks for the jobs past their prompt, in one head multiply.
-        let want: Vec<usize> = (0..jobs.len())
-            .filter(|&j| jobs[j].cur == jobs[j].ids.len() && jobs[j].generated < o.decode_tokens)
-            .collect();
-        let mut picks = vec![None; jobs.len()];
-        let hs: Vec<&[f32]> = want.iter().map(|&j| jobs[j].h.as_slice()).collect();
-        let th = std::time::Instant::now();
-        for (row, &j) in head.logits(&hs).iter().zip(&want) {
-            picks[j] = Some(argmax(row));
+        Ok(())
+    }
+
+    /// The prompts a checkpoint of the same settings already observed (its ranges and tokens taken over).
+    fn resume(
+        &mut self,
+        key: &serde_json::Value,
+        n: usize,
+        o: &Options,
+        pb: &indicatif::ProgressBar,
+    ) -> usize {
+        let Some(cp) = &o.checkpoint else {
+            return 0;
+        };
+        let prev: Option<Partial> = std::fs::read(cp)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        match prev {
+            Some(p) if p.key == *key => {
+                eprintln!(
+                    "resuming from {}: {} of {n} prompts already observed",
+                    cp.display(),
+                    p.prompts_done,
+                );
+                self.tokens = p.tokens;
+                *self.obs.ranges.lock().unwrap() = p.tensors;
+                pb.inc(p.prompts_done as u64);
+                p.prompts_done
+            }
+            Some(_) => {
+                eprintln!("{}: from other settings; starting over", cp.display());
+                0
+            }
+            None => 0,
         }
-        head_s += th.elapsed().as_secs_f64();
-        // This call's positions: one greedy token per decoding job; the rest of the batch goes to the
-        // prompts' next tokens, spread over the jobs still in their prompt (a lone long prompt gets many).
-        let mut take = vec![0usize; jobs.len()];
-        let mut finished = Vec::new();
-        let mut budget = o.batch.max(1);
-        for (j, job) in jobs.iter_mut().enumerate() {
-            if job.cur < job.ids.len() {
-                take[j] = 1;
-                budget -= 1;
+    }
+
+    /// One prompt at a time (trunk chunks, `--noise`, the ort engine): the prompt, then greedy decode steps.
+    fn sequential(
+        &mut self,
+        b: &mut dyn Hidden,
+        recs: &[Record],
+        tok: &Tokenizer,
+        o: &Options,
+        pb: &indicatif::ProgressBar,
+    ) -> Result<()> {
+        for (k, r) in recs.iter().enumerate() {
+            let ids = prompt_ids(tok, r, o)?;
+            self.seen
+                .extend(ids.iter().copied().filter(|i| TEMPLATE_IDS.contains(i)));
+            b.reset_all();
+            if o.noise {
+                // Noise instead of token embeddings: what "calibrate on np.random.randn" does.
+                let mut rng = <rand::rngs::SmallRng as rand::SeedableRng>::seed_from_u64(k as u64);
+                b.set_noise(Some(Box::new(move |n: usize| {
+                    use rand_distr::Distribution;
+                    let d = rand_distr::Normal::new(0.0f32, 1.0).unwrap();
+                    (0..n).map(|_| d.sample(&mut rng)).collect()
+                })))?;
+            }
+            if o.variant == Variant::Trunk {
+                // A second chunk reads the first one's K/V through its past_* inputs.
+                self.history |= ids.len() > o.graph.seq;
+                b.hidden_all(&ids)?;
+                self.tokens += ids.len() as u64;
             } else {
-                match picks[j] {
-                    Some(t) if !STOP_IDS.contains(&t) => {
-                        job.generated += 1;
-                        tokens += 1;
-                        job.ids.push(t);
-                        take[j] = 1;
-                        budget -= 1;
+                let mut h = vec![];
+                for &id in &ids {
+                    h = b.step_one(id)?;
+                }
+                self.tokens += ids.len() as u64;
+                for _ in 0..o.decode_tokens {
+                    let next = argmax(&b.logits_of(&h)?);
+                    if STOP_IDS.contains(&next) {
+                        break;
                     }
-                    _ => finished.push(j),
+                    h = b.step_one(next)?;
+                    self.tokens += 1;
                 }
             }
-        }
-        let left: Vec<usize> = jobs.iter().map(|job| job.ids.len() - job.cur).collect();
-        hexq_runtime::graph::spread(&mut take, &left, budget);
-        let step: Vec<usize> = (0..jobs.len()).filter(|&j| take[j] > 0).collect();
-        if step.is_empty() && finished.is_empty() {
-            break;
-        }
-        if !step.is_empty() {
-            let mut slots: Vec<&mut hexq_runtime::graph::Slot> = Vec::new();
-            let mut runs: Vec<&[u32]> = Vec::new();
-            for (j, job) in jobs.iter_mut().enumerate() {
-                if take[j] > 0 {
-                    let run = &job.ids[job.cur..job.cur + take[j]];
-                    if seqs.is_some() {
-                        job.fed.extend_from_slice(run);
-                    }
-                    job.cur += take[j];
-                    runs.push(run);
-                    slots.push(&mut job.slot);
-                }
-            }
-            let ts = std::time::Instant::now();
-            let hs = b.step_chain(&mut slots, &runs)?;
-            step_s += ts.elapsed().as_secs_f64();
-            for (j, mut h) in step.into_iter().zip(hs) {
-                jobs[j].h = h.pop().unwrap();
-            }
-        }
-        for &j in finished.iter().rev() {
-            let job = jobs.remove(j);
-            if let Some(out) = seqs.as_mut() {
-                out[job.index] = job.fed;
+            if o.noise {
+                b.set_noise(None)?;
             }
             pb.inc(1);
         }
-        let s = t0.elapsed().as_secs_f64();
-        pb.set_message(format!(
-            "calibrate, {:.1} tok/s",
-            tokens as f64 / s.max(1e-9)
-        ));
-        if jobs.is_empty() && next >= prompts.len() {
-            break;
+        Ok(())
+    }
+
+    /// The template ids seen, sorted; the guard when some never appeared (or the inputs were noise).
+    fn template_ids(&self, o: &Options, warnings: &mut Vec<String>) -> Result<Vec<u32>> {
+        let mut seen: Vec<u32> = self.seen.iter().copied().collect();
+        seen.sort();
+        if o.noise || seen.len() < TEMPLATE_IDS.len() {
+            let missing: Vec<u32> = TEMPLATE_IDS
+                .iter()
+                .copied()
+                .filter(|i| o.noise || !seen.contains(i))
+                .collect();
+            guard(warnings, o.ignore_guards, format!(
+                "calibration inputs never contain the chat template tokens {missing:?}{}: their activations would be uncalibrated",
+                if o.noise { " (random-noise embeddings)" } else { "" }))?;
         }
+        Ok(if o.noise { vec![] } else { seen })
     }
-    if std::env::var_os("HEXQ_PROFILE").is_some() {
-        eprintln!(
-            "calibrate: decode loop {:.1} s: graph steps {step_s:.1} s, greedy head {head_s:.1} s",
-            t0.elapsed().as_secs_f64()
-        );
-    }
-    Ok(tokens)
 }
 
 #[cfg(test)]

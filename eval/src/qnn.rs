@@ -3,9 +3,9 @@
 //! quantsim, with quantsim vs float as the baseline: the offline answer to "will the device match quantsim?".
 
 use crate::verify::{backend, compare, compare_many, quantsim, Report};
-use hexq_calibrate::Record;
 use hexq_graph::{GraphOptions, Variant};
 use hexq_model::chat::Tokenizer;
+use hexq_model::dataset::Record;
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_runtime::ort::{manifest, Ep, OrtBackend};
 use serde::Serialize;

@@ -3,10 +3,11 @@
 //! range coverage.
 
 use candle_core::Tensor;
-use hexq_calibrate::{Range, RangeObserver, Record, Stats};
+use hexq_calibrate::{Range, RangeObserver, Stats};
 use hexq_graph::interp::Hook;
 use hexq_graph::{GraphOptions, Variant};
 use hexq_model::chat::Tokenizer;
+use hexq_model::dataset::Record;
 use hexq_model::forward::argmax;
 use hexq_model::{Checkpoint, Result};
 use hexq_quantize::quantsim::FakeQuant;

@@ -11,6 +11,7 @@
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
+pub mod dataset;
 pub mod error;
 pub mod forward;
 pub mod hostmodel;

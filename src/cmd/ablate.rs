@@ -92,7 +92,7 @@ pub fn run(a: Args) -> Result<()> {
     let dir = model_dir(a.model.clone())?;
     let ck = Arc::new(Checkpoint::open(&dir)?);
     let tok = Tokenizer::from_dir(&dir)?;
-    let recs = hexq_calibrate::load_dataset(&a.dataset)?;
+    let recs = hexq_model::dataset::load_dataset(&a.dataset)?;
     let mut seqs = Vec::new();
     for r in recs.iter().take(a.limit) {
         let ids = match &r.messages {

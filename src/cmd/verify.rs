@@ -84,11 +84,11 @@ pub fn run(a: Args) -> Result<()> {
     }
 }
 
-fn load(a: &Args) -> Result<(Arc<Checkpoint>, Tokenizer, Vec<hexq_calibrate::Record>)> {
+fn load(a: &Args) -> Result<(Arc<Checkpoint>, Tokenizer, Vec<hexq_model::dataset::Record>)> {
     let dir = model_dir(a.model.clone())?;
     let ck = Arc::new(Checkpoint::open(&dir)?);
     let tok = Tokenizer::from_dir(&dir)?;
-    let mut recs = hexq_calibrate::load_dataset(&a.dataset)?;
+    let mut recs = hexq_model::dataset::load_dataset(&a.dataset)?;
     if let Some(n) = a.limit {
         recs.truncate(n);
     }
