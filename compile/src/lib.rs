@@ -10,10 +10,13 @@
 //! Per-target settings come from one table, compile-scripts/htp_targets.json (embedded). Outputs land in the
 //! export directory atomically (temp dir, then rename), and are recorded in manifest.json and SHA256SUMS.
 
+mod error;
 pub mod genie;
 pub mod shared;
 
-use anyhow::{anyhow, bail, Context, Result};
+use error::At;
+pub use error::{Error, Result};
+
 use hexq_fsutil::{sha256_file, write_atomic};
 use serde_json::{json, Value};
 use std::io::Read;
@@ -25,12 +28,15 @@ const ORT_QNN_SCRIPT: &str = include_str!("../../compile-scripts/ort_qnn_compile
 
 /// The table's row for a target (v75, v79, v81).
 pub fn target(t: &str) -> Result<Value> {
-    let tab: Value = serde_json::from_str(TARGETS_JSON)?;
+    let tab: Value =
+        serde_json::from_str(TARGETS_JSON).at(Path::new("compile-scripts/htp_targets.json"))?;
     tab.get(t)
         .filter(|_| !t.starts_with('_'))
         .cloned()
         .ok_or_else(|| {
-            anyhow!("unknown target {t:?}: compile-scripts/htp_targets.json has v75, v79, v81")
+            Error::Usage(format!(
+                "unknown target {t:?}: compile-scripts/htp_targets.json has v75, v79, v81"
+            ))
         })
 }
 
@@ -64,7 +70,7 @@ pub fn compile(a: Args) -> Result<()> {
     let m = manifest(&a.dir)?;
     let variant = m["variant"]
         .as_str()
-        .ok_or_else(|| anyhow!("{}: no variant", a.dir.join("manifest.json").display()))?
+        .ok_or_else(|| Error::file(&a.dir.join("manifest.json"), "no variant"))?
         .to_string();
     match a.toolchain {
         Toolchain::OrtQnn => ort_qnn(&a, &t, &m, &variant),
@@ -75,10 +81,7 @@ pub fn compile(a: Args) -> Result<()> {
 fn ort_qnn(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
     let mp = a.dir.join("manifest.json");
     if !m["graph"]["qdq"].as_bool().unwrap_or(false) {
-        bail!(
-            "{}: {variant} is a float graph; the ort-qnn toolchain compiles QDQ graphs (`hexq export --encodings F --qdq`)",
-            mp.display()
-        );
+        return Err(Error::file(&mp, format!("{variant} is a float graph; the ort-qnn toolchain compiles QDQ graphs (`hexq export --encodings F --qdq`)")));
     }
     let name = format!("{variant}_{}", a.target);
     let onnx = a.dir.join(format!("{variant}.onnx"));
@@ -87,7 +90,7 @@ fn ort_qnn(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
         a.dir.join(format!("{name}.onnx")),
     );
     if (bin.exists() || ctx.exists()) && !a.force && !a.dry_run {
-        bail!("{}: already compiled (--force replaces it)", bin.display());
+        return Err(Error::file(&bin, "already compiled (--force replaces it)"));
     }
     let tmp = a.dir.join(format!(".compile-{name}.tmp"));
     let cmd = vec![
@@ -105,15 +108,15 @@ fn ort_qnn(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
     if a.dry_run {
         let r = json!({"toolchain": "ort-qnn", "target": a.target, "command": cmd,
                        "script": "compile-scripts/ort_qnn_compile.py (on stdin)", "outputs": [bin, ctx]});
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        println!("{}", pretty(&r));
         return Ok(());
     }
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
+        std::fs::remove_dir_all(&tmp).at(&tmp)?;
     }
-    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    std::fs::create_dir_all(&tmp).at(&tmp)?;
     let guard = TmpDir(tmp.clone());
-    std::fs::write(tmp.join("htp_targets.json"), TARGETS_JSON)?;
+    std::fs::write(tmp.join("htp_targets.json"), TARGETS_JSON).at(&tmp)?;
     let pb = spinner(&format!(
         "compiling {variant} for {} (QNN HTP, ort-qnn)",
         a.target
@@ -127,13 +130,13 @@ fn ort_qnn(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
         t["htp_arch"].as_u64().unwrap_or(0),
     );
     // Bin first, then the EPContext graph that names it: a crash between leaves no graph pointing at nothing.
-    std::fs::rename(tmp.join(format!("{name}.bin")), &bin)?;
-    std::fs::rename(tmp.join(format!("{name}.onnx")), &ctx)?;
+    std::fs::rename(tmp.join(format!("{name}.bin")), &bin).at(&bin)?;
+    std::fs::rename(tmp.join(format!("{name}.onnx")), &ctx).at(&ctx)?;
     drop(guard);
     let entry = json!({
         "target": a.target, "toolchain": "ort-qnn", "soc": soc, "htp_arch": arch,
         "bin": bin.file_name().unwrap().to_string_lossy(), "onnx": ctx.file_name().unwrap().to_string_lossy(),
-        "bin_sha256": sha256_file(&bin)?, "bin_bytes": std::fs::metadata(&bin)?.len(),
+        "bin_sha256": sha256_file(&bin)?, "bin_bytes": crate::error::fs::len(&bin)?,
         "onnx_sha256": sha256_file(&ctx)?,
         "nodes": rep["nodes"], "nodes_off_htp": 0,
         "onnxruntime": rep["onnxruntime"], "options": rep["options"],
@@ -141,7 +144,7 @@ fn ort_qnn(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
     });
     record(&a.dir, entry.clone())?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&entry)?);
+        println!("{}", pretty(&entry));
     } else {
         println!(
             "{} ({} bytes, {soc} arch {arch}, {} nodes on HTP, {}s) + {}",
@@ -155,6 +158,11 @@ fn ort_qnn(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
     Ok(())
 }
 
+/// A JSON value as pretty text (a `Value` always serializes: its keys are strings).
+pub(crate) fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).expect("JSON values serialize")
+}
+
 /// Runs compile-scripts/ort_qnn_compile.py (fed on stdin) and returns its JSON report.
 pub(crate) fn run_script(cmd: &[String], onnx: &Path) -> Result<Value> {
     let mut child = Command::new(&cmd[0])
@@ -163,13 +171,20 @@ pub(crate) fn run_script(cmd: &[String], onnx: &Path) -> Result<Value> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .context("running python3 (the ort-qnn toolchain needs python3 with onnxruntime-qnn)")?;
+        .map_err(|e| {
+            Error::tool(
+                "python3",
+                format!("{e} (the ort-qnn toolchain needs python3 with onnxruntime-qnn)"),
+            )
+        })?;
     {
         use std::io::Write;
-        let mut stdin = child.stdin.take().context("python3's stdin")?;
-        stdin.write_all(ORT_QNN_SCRIPT.as_bytes())?;
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        stdin
+            .write_all(ORT_QNN_SCRIPT.as_bytes())
+            .map_err(|e| Error::tool("python3", format!("writing the compile script: {e}")))?;
     }
-    let mut err_pipe = child.stderr.take().context("python3's stderr")?;
+    let mut err_pipe = child.stderr.take().expect("stderr is piped");
     let errs = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = err_pipe.read_to_string(&mut s);
@@ -179,9 +194,12 @@ pub(crate) fn run_script(cmd: &[String], onnx: &Path) -> Result<Value> {
     child
         .stdout
         .take()
-        .context("python3's stdout")?
-        .read_to_string(&mut out)?;
-    let status = child.wait()?;
+        .expect("stdout is piped")
+        .read_to_string(&mut out)
+        .map_err(|e| Error::tool("python3", format!("reading its report: {e}")))?;
+    let status = child
+        .wait()
+        .map_err(|e| Error::tool("python3", e.to_string()))?;
     let stderr = errs.join().unwrap_or_default();
     // The QNN libraries print a banner on stdout; the report is the JSON object that starts a line.
     let js = out
@@ -191,10 +209,13 @@ pub(crate) fn run_script(cmd: &[String], onnx: &Path) -> Result<Value> {
         .unwrap_or("");
     let mut rep: Value = serde_json::from_str(js).map_err(|_| {
         let errs: Vec<&str> = stderr.lines().filter(|l| !l.contains("[W:")).collect();
-        anyhow!(
-            "ort-qnn compile of {} failed ({status}): {}",
-            onnx.display(),
-            errs.join("\n")
+        Error::tool(
+            "ort-qnn",
+            format!(
+                "compile of {} failed ({status}): {}",
+                onnx.display(),
+                errs.join("\n")
+            ),
         )
     })?;
     if !status.success() {
@@ -225,33 +246,35 @@ fn check_report(rep: &Value, t: &Value, onnx: &Path, bin: &Path, target: &str) -
             .flatten()
             .filter_map(|x| x.as_str())
             .collect();
-        bail!(
-            "{}: compile for {target} failed: {}\nnodes off HTP ({}):\n  {}\nerrors:\n  {}",
-            onnx.display(),
-            rep["error"].as_str().unwrap_or("?"),
-            off.len(),
-            off.join("\n  "),
-            reasons.join("\n  ")
-        );
+        return Err(Error::file(
+            &onnx,
+            format!(
+                "compile for {target} failed: {}\nnodes off HTP ({}):\n  {}\nerrors:\n  {}",
+                rep["error"].as_str().unwrap_or("?"),
+                off.len(),
+                off.join("\n  "),
+                reasons.join("\n  ")
+            ),
+        ));
     }
     let (soc, arch) = (
         t["soc"].as_str().unwrap_or_default(),
         t["htp_arch"].as_u64().unwrap_or(0),
     );
     if rep["embedded_soc"] != soc || rep["embedded_arch"] != arch {
-        bail!(
-            "{}: the binary embeds soc {} arch {}, target {target} is {soc} arch {arch}",
-            bin.display(),
-            rep["embedded_soc"],
-            rep["embedded_arch"],
-        );
+        return Err(Error::file(
+            &bin,
+            format!(
+                "the binary embeds soc {} arch {}, target {target} is {soc} arch {arch}",
+                rep["embedded_soc"], rep["embedded_arch"]
+            ),
+        ));
     }
     if off.map(|v| !v.is_empty()).unwrap_or(true) {
-        bail!(
-            "{}: nodes off HTP: {}",
-            onnx.display(),
-            rep["nodes_off_htp"]
-        );
+        return Err(Error::file(
+            &onnx,
+            format!("nodes off HTP: {}", rep["nodes_off_htp"]),
+        ));
     }
     Ok(())
 }
@@ -280,10 +303,7 @@ fn record(dir: &Path, entry: Value) -> Result<()> {
             }
         }
     }
-    write_atomic(
-        &dir.join("manifest.json"),
-        serde_json::to_string_pretty(&m)?.as_bytes(),
-    )?;
+    write_atomic(&dir.join("manifest.json"), pretty(&m).as_bytes())?;
     write_atomic(&dir.join("SHA256SUMS"), sums.as_bytes())?;
     Ok(())
 }
@@ -308,18 +328,18 @@ pub(crate) fn spinner(msg: &str) -> indicatif::ProgressBar {
 fn qairt(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
     let mp = a.dir.join("manifest.json");
     if m["graph"]["qdq"].as_bool().unwrap_or(false) {
-        bail!(
-            "{}: {variant} is a QDQ graph; the qairt toolchain converts the float graph with hexq's encodings as overrides (`hexq export --encodings F` without --qdq)",
-            mp.display()
-        );
+        return Err(Error::file(&mp, format!("{variant} is a QDQ graph; the qairt toolchain converts the float graph with hexq's encodings as overrides (`hexq export --encodings F` without --qdq)")));
     }
     let enc = format!("{variant}.encodings.json");
     if !a.dir.join(&enc).exists() {
-        bail!("{}: no {enc} (export with --encodings)", a.dir.display());
+        return Err(Error::file(
+            &a.dir,
+            format!("no {enc} (export with --encodings)"),
+        ));
     }
     let qairt_dir = std::env::var("QAIRT_DIR").ok();
     if qairt_dir.is_none() && !a.dry_run {
-        bail!("the qairt toolchain needs QAIRT_DIR (a QAIRT SDK ≥ 2.45); --dry-run writes the commands without one");
+        return Err(Error::Usage(format!("the qairt toolchain needs QAIRT_DIR (a QAIRT SDK ≥ 2.45); --dry-run writes the commands without one")));
     }
     let name = format!("{variant}_{}", a.target);
     let out = a.dir.join(format!("qairt-{name}"));
@@ -339,21 +359,22 @@ fn qairt(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
                     "fp16_relaxed_precision": t["fp16_relaxed_precision"].as_bool().unwrap_or(false) as u8}],
         "devices": [device],
     });
-    std::fs::write(
+    crate::error::fs::write(
         dir.path(&format!("htp_backend_ext_{}.json", a.target)),
-        serde_json::to_string_pretty(&ext)? + "\n",
+        pretty(&ext) + "\n",
     )?;
     // QAIRT_DIR is filled in by commands.sh (JSON has no variables).
     let cfg = json!({"backend_extensions": {
         "shared_library_path": "@QAIRT_DIR@/lib/x86_64-linux-clang/libQnnHtpNetRunExtensions.so",
         "config_file_path": format!("htp_backend_ext_{}.json", a.target)}});
-    std::fs::write(
+    crate::error::fs::write(
         dir.path(&format!("htp_config_{}.json.in", a.target)),
-        serde_json::to_string_pretty(&cfg)? + "\n",
+        pretty(&cfg) + "\n",
     )?;
     // Raw calibration inputs: the float graph's own inputs on chat-formatted decode steps (onnxruntime CPU).
     let lines = raw_inputs(&a.dir, &dir.path("inputs"), a.calib_steps)?;
-    std::fs::write(dir.path("input_list.txt"), lines.join("\n") + "\n")?;
+    std::fs::write(dir.path("input_list.txt"), lines.join("\n") + "\n")
+        .at(&dir.path("input_list.txt"))?;
     let (ab, wb, bb) = (
         t["act_bitwidth"].as_u64().unwrap(),
         t["weights_bitwidth"].as_u64().unwrap(),
@@ -391,14 +412,15 @@ strings {name}.bin | grep -o 'soc_type=[A-Z0-9]*;arch=[0-9]*' | head -1
         target = a.target,
         soc = t["soc"].as_str().unwrap(),
     );
-    std::fs::write(dir.path("commands.sh"), &sh)?;
+    std::fs::write(dir.path("commands.sh"), &sh).at(&dir.path("commands.sh"))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(
             dir.path("commands.sh"),
             std::fs::Permissions::from_mode(0o755),
-        )?;
+        )
+        .at(&dir.path("commands.sh"))?;
     }
     let path = dir.commit()?;
     if a.dry_run {
@@ -419,23 +441,24 @@ strings {name}.bin | grep -o 'soc_type=[A-Z0-9]*;arch=[0-9]*' | head -1
     let pb = spinner(&format!("compiling {variant} for {} (QAIRT)", a.target));
     let st = Command::new("bash")
         .arg(path.join("commands.sh"))
-        .status()?;
+        .status()
+        .map_err(|e| Error::tool("bash", e.to_string()))?;
     pb.finish_and_clear();
     if !st.success() {
-        bail!("{}: {st}", path.join("commands.sh").display());
+        return Err(Error::file(&path.join("commands.sh"), format!("{st}")));
     }
     let bin = path.join(format!("{name}.bin"));
-    let bytes = std::fs::read(&bin).with_context(|| format!("reading {}", bin.display()))?;
+    let bytes = std::fs::read(&bin).at(&bin)?;
     let want = format!(
         "soc_type={};arch={}",
         t["soc"].as_str().unwrap(),
         t["htp_arch"]
     );
     if !bytes.windows(want.len()).any(|w| w == want.as_bytes()) {
-        bail!("{}: does not embed {want}", bin.display());
+        return Err(Error::file(&bin, format!("does not embed {want}")));
     }
     let final_bin = a.dir.join(format!("{name}.qairt.bin"));
-    std::fs::rename(&bin, &final_bin)?;
+    std::fs::rename(&bin, &final_bin).at(&final_bin)?;
     record(
         &a.dir,
         json!({"target": a.target, "toolchain": "qairt", "bin": final_bin.file_name().unwrap().to_string_lossy(),
@@ -467,11 +490,11 @@ fn raw_inputs(dir: &Path, out: &Path, steps: usize) -> Result<Vec<String>> {
     let mut lines = Vec::new();
     for (i, row) in rows.iter().enumerate() {
         let d = out.join(i.to_string());
-        std::fs::create_dir_all(&d)?;
+        std::fs::create_dir_all(&d).at(&d)?;
         let mut parts = Vec::new();
         for (n, bytes) in row {
             let f = d.join(format!("{n}.raw"));
-            std::fs::write(&f, bytes)?;
+            std::fs::write(&f, bytes).at(&f)?;
             parts.push(format!("{n}:=inputs/{i}/{n}.raw"));
         }
         lines.push(parts.join(" "));
@@ -483,11 +506,8 @@ fn first_calibration_prompt() -> Result<String> {
     let p = Path::new("datasets/calibration.jsonl");
     let s = std::fs::read_to_string(p)
         .unwrap_or_else(|_| include_str!("../../datasets/calibration.jsonl").to_string());
-    let line = s
-        .lines()
-        .next()
-        .ok_or_else(|| anyhow!("{}: empty", p.display()))?;
-    let v: Value = serde_json::from_str(line)?;
+    let line = s.lines().next().ok_or_else(|| Error::file(&p, "empty"))?;
+    let v: Value = serde_json::from_str(line).at(p)?;
     Ok(v["prompt"]
         .as_str()
         .or_else(|| v["messages"][0]["content"].as_str())

@@ -15,8 +15,8 @@
 //! hashes, per target the graphs the binary holds — their partition names read back from the binary) and
 //! SHA256SUMS.
 
+use crate::error::{At, Error, Result};
 use crate::{run_script, target, TARGETS_JSON};
-use anyhow::{anyhow, bail, Context, Result};
 use hexq_fsutil::sha256_file;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -39,8 +39,8 @@ struct Source {
 }
 
 fn read(p: &Path) -> Result<Value> {
-    let s = std::fs::read_to_string(p).with_context(|| format!("{}", p.display()))?;
-    serde_json::from_str(&s).map_err(|e| anyhow!("{}: invalid JSON: {e}", p.display()))
+    let s = std::fs::read_to_string(p).at(&p)?;
+    serde_json::from_str(&s).map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))
 }
 
 fn source(dir: &Path) -> Result<Source> {
@@ -48,13 +48,10 @@ fn source(dir: &Path) -> Result<Source> {
     let manifest = read(&mp)?;
     let variant = manifest["variant"]
         .as_str()
-        .ok_or_else(|| anyhow!("{}: no \"variant\"", mp.display()))?
+        .ok_or_else(|| Error::file(&mp, "no \"variant\""))?
         .to_string();
     if manifest["graph"]["qdq"] != true {
-        bail!(
-            "{}: {variant} is a float graph; a shared binary is compiled from QDQ exports (`hexq export --encodings F --qdq`)",
-            mp.display()
-        );
+        return Err(Error::file(&mp, format!("{variant} is a float graph; a shared binary is compiled from QDQ exports (`hexq export --encodings F --qdq`)")));
     }
     let enc = read(&dir.join(format!("{variant}.encodings.json")))?;
     Ok(Source {
@@ -70,35 +67,32 @@ fn source(dir: &Path) -> Result<Source> {
 fn check_agree(a: &Source, b: &Source) -> Result<()> {
     let name = |s: &Source| s.dir.join("manifest.json").display().to_string();
     if a.manifest["source"]["sha256"] != b.manifest["source"]["sha256"] {
-        bail!(
+        return Err(Error::Usage(format!(
             "{} and {}: exported from different checkpoints",
             name(a),
             name(b)
-        );
+        )));
     }
     if a.manifest["graph"]["context"] != b.manifest["graph"]["context"] {
-        bail!(
+        return Err(Error::Usage(format!(
             "{} and {}: different --context ({} vs {}): the graphs share the KV buffers",
             name(a),
             name(b),
             a.manifest["graph"]["context"],
             b.manifest["graph"]["context"]
-        );
+        )));
     }
     let (pa, pb) = (&a.enc["param_encodings"], &b.enc["param_encodings"]);
     let (ma, mb) = (
         pa.as_object()
-            .ok_or_else(|| anyhow!("{}: no param_encodings", name(a)))?,
+            .ok_or_else(|| Error::Usage(format!("{}: no param_encodings", name(a))))?,
         pb.as_object()
-            .ok_or_else(|| anyhow!("{}: no param_encodings", name(b)))?,
+            .ok_or_else(|| Error::Usage(format!("{}: no param_encodings", name(b))))?,
     );
     for (k, v) in ma {
         if let Some(w) = mb.get(k) {
             if v != w {
-                bail!(
-                    "{} and {}: param encodings of {k} differ ({}.encodings.json vs {}.encodings.json): the weights could not be stored once — quantize both from the same checkpoint with the same overrides",
-                    name(a), name(b), a.variant, b.variant
-                );
+                return Err(Error::Usage(format!("{} and {}: param encodings of {k} differ ({}.encodings.json vs {}.encodings.json): the weights could not be stored once — quantize both from the same checkpoint with the same overrides", name(a), name(b), a.variant, b.variant)));
             }
         }
     }
@@ -106,15 +100,14 @@ fn check_agree(a: &Source, b: &Source) -> Result<()> {
 }
 
 fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
-    std::fs::create_dir_all(dst)?;
-    for e in std::fs::read_dir(src).with_context(|| format!("{}", src.display()))? {
-        let e = e?;
+    crate::error::fs::create_dir_all(dst)?;
+    for e in std::fs::read_dir(src).at(&src)? {
+        let e = e.at(src)?;
         let p = e.path();
         if p.is_dir() {
             copy_dir(&p, &dst.join(e.file_name()))?;
         } else {
-            std::fs::copy(&p, dst.join(e.file_name()))
-                .with_context(|| format!("copying {}", p.display()))?;
+            std::fs::copy(&p, dst.join(e.file_name())).at(&p)?;
         }
     }
     Ok(())
@@ -122,20 +115,21 @@ fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
 
 pub fn compile_shared(a: SharedArgs) -> Result<()> {
     if a.dirs.len() != 2 {
-        bail!(
+        return Err(Error::Usage(format!(
             "a shared binary takes two exports (--artifacts DECODE --artifacts TRUNK), got {}",
             a.dirs.len()
-        );
+        )));
     }
     let s: Vec<Source> = a.dirs.iter().map(|d| source(d)).collect::<Result<_>>()?;
     let (trunk, decode) = match (s[0].variant == "trunk", s[1].variant == "trunk") {
         (true, false) => (&s[0], &s[1]),
         (false, true) => (&s[1], &s[0]),
-        _ => bail!(
-            "a shared binary holds one trunk and one decode graph; got {} and {}",
-            s[0].variant,
-            s[1].variant
-        ),
+        _ => {
+            return Err(Error::Usage(format!(
+                "a shared binary holds one trunk and one decode graph; got {} and {}",
+                s[0].variant, s[1].variant
+            )))
+        }
     };
     check_agree(decode, trunk)?;
     for t in &a.targets {
@@ -155,11 +149,10 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
                 "io-contract.json" => format!("{}.io-contract.json", src.variant),
                 _ => f.clone(),
             };
-            std::fs::copy(src.dir.join(&f), stage.path(&dst))
-                .with_context(|| format!("copying {}", src.dir.join(&f).display()))?;
+            crate::error::fs::copy(src.dir.join(&f), stage.path(&dst))?;
         }
     }
-    std::fs::write(stage.path("htp_targets.json"), TARGETS_JSON)?;
+    crate::error::fs::write(stage.path("htp_targets.json"), TARGETS_JSON)?;
     let mut compiled = Vec::new();
     for t in &a.targets {
         let names = [decode, trunk].map(|s| format!("{}_{t}", s.variant));
@@ -198,19 +191,18 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
                 .flatten()
                 .map(|g| format!("{}: {}", g["model"], g["nodes_off_htp"]))
                 .collect();
-            bail!(
+            return Err(Error::Usage(format!(
                 "shared compile for {t} failed: {}\n  {}",
                 rep["error"].as_str().unwrap_or("?"),
                 g.join("\n  ")
-            );
+            )));
         }
         let tt = target(t)?;
         if rep["embedded_arch"] != tt["htp_arch"] {
-            bail!(
+            return Err(Error::Usage(format!(
                 "{bin}.bin embeds arch {}, target {t} is {}",
-                rep["embedded_arch"],
-                tt["htp_arch"]
-            );
+                rep["embedded_arch"], tt["htp_arch"]
+            )));
         }
         let mut graphs = Vec::new();
         for (g, src) in rep["graphs"]
@@ -221,7 +213,10 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
         {
             if g["nodes_off_htp"].as_array().is_none_or(|v| !v.is_empty()) || g["in_binary"] != true
             {
-                bail!("{}: not wholly in {bin}.bin: {g}", src.variant);
+                return Err(Error::Usage(format!(
+                    "{}: not wholly in {bin}.bin: {g}",
+                    src.variant
+                )));
             }
             let onnx = g["onnx"].as_str().unwrap_or_default().to_string();
             graphs.push(json!({"variant": src.variant, "onnx": onnx, "onnx_sha256": sha256_file(&stage.path(&onnx))?,
@@ -230,11 +225,11 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
         let bp = stage.path(&format!("{bin}.bin"));
         compiled.push(json!({
             "target": t, "toolchain": "ort-qnn", "soc": tt["soc"], "htp_arch": tt["htp_arch"],
-            "bin": format!("{bin}.bin"), "bin_sha256": sha256_file(&bp)?, "bin_bytes": std::fs::metadata(&bp)?.len(),
+            "bin": format!("{bin}.bin"), "bin_sha256": sha256_file(&bp)?, "bin_bytes": crate::error::fs::len(&bp)?,
             "graphs": graphs, "onnxruntime": rep["onnxruntime"], "options": rep["options"],
         }));
     }
-    std::fs::remove_file(stage.path("htp_targets.json"))?;
+    std::fs::remove_file(stage.path("htp_targets.json")).at(&stage.path("htp_targets.json"))?;
     let mut files = Vec::new();
     let mut sums = String::new();
     for rel in hexq_fsutil::list_files(&stage.tmp)? {
@@ -262,18 +257,15 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
         "compiled": compiled,
         "files": files,
     });
-    std::fs::write(
-        stage.path("manifest.json"),
-        serde_json::to_string_pretty(&m)? + "\n",
-    )?;
+    crate::error::fs::write(stage.path("manifest.json"), crate::pretty(&m) + "\n")?;
     sums += &format!(
         "{}  manifest.json\n",
         sha256_file(&stage.path("manifest.json"))?
     );
-    std::fs::write(stage.path("SHA256SUMS"), sums)?;
+    crate::error::fs::write(stage.path("SHA256SUMS"), sums)?;
     let out = stage.commit()?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&m)?);
+        println!("{}", crate::pretty(&m));
     } else {
         for c in &compiled {
             println!(

@@ -376,7 +376,7 @@ pub fn run(a: Args) -> Result<()> {
                     format!("genie/{t}/genie_config.json"),
                     format!("genie/{t}/SHA256SUMS"),
                 ],
-                run: Box::new(move || hexq_compile::genie::bundle(&ga).map(|_| ())),
+                run: Box::new(move || Ok(hexq_compile::genie::bundle(&ga).map(|_| ())?)),
             });
         }
     }

@@ -56,13 +56,15 @@ pub fn run(a: Args) -> Result<()> {
             if a.toolchain != Toolchain::OrtQnn || a.dry_run {
                 anyhow::bail!("a shared prefill+decode binary is compiled with --toolchain ort-qnn (no --dry-run)");
             }
-            return hexq_compile::shared::compile_shared(hexq_compile::shared::SharedArgs {
-                dirs: a.artifacts,
-                out: out.clone(),
-                targets,
-                force: a.force,
-                json: a.json,
-            });
+            return Ok(hexq_compile::shared::compile_shared(
+                hexq_compile::shared::SharedArgs {
+                    dirs: a.artifacts,
+                    out: out.clone(),
+                    targets,
+                    force: a.force,
+                    json: a.json,
+                },
+            )?);
         }
         (2, None) => anyhow::bail!(
             "two --artifacts compile into one shared binary: give its directory with --out"
@@ -80,7 +82,7 @@ pub fn run(a: Args) -> Result<()> {
             a.target
         );
     }
-    hexq_compile::compile(hexq_compile::Args {
+    Ok(hexq_compile::compile(hexq_compile::Args {
         dir: a.artifacts[0].clone(),
         target: a.target,
         toolchain: a.toolchain,
@@ -88,5 +90,5 @@ pub fn run(a: Args) -> Result<()> {
         force: a.force,
         json: a.json,
         calib_steps: a.calib_steps,
-    })
+    })?)
 }

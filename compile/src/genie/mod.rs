@@ -21,10 +21,13 @@
 //! `genie-io.json` ([`io_differences`]) and printed: the bundle is complete as a description of the build,
 //! but Genie cannot drive hexq's graphs as they are (see README, *Genie bundle*).
 
+use crate::error::{At, Error, Result};
+mod schema;
+
 use crate::TARGETS_JSON;
-use anyhow::{anyhow, bail, Context, Result};
 use hexq_fsutil::{sha256_file, AtomicDir};
 use hexq_model::{AttnKind, ModelConfig};
+pub use schema::{validate, Ty, SCHEMA};
 use serde_json::{json, Map, Value};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -38,339 +41,9 @@ pub struct GenieArgs {
     pub force: bool,
 }
 
-/// JSON type of a field, as Genie's `JSON_ENFORCE_*` macros check it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Ty {
-    Num,
-    Str,
-    Bool,
-    Obj,
-    Arr,
-    NumOrArr,
-}
-
-/// Genie's config schema for the sections a hexq bundle writes: (section path, mandatory fields, known keys
-/// with their types). From Genie's Dialog.cpp validators; the keys marked "≥ 2.48" are the Gemma-4 ones
-/// Qualcomm's validated E2B bundle uses and that older Genie rejects as unknown.
-pub const SCHEMA: &[(&str, &[&str], &[(&str, Ty)])] = &[
-    (
-        "dialog",
-        &["version", "type", "context", "tokenizer", "engine"],
-        &[
-            ("version", Ty::Num),
-            ("type", Ty::Str),
-            ("context", Ty::Obj),
-            ("sampler", Ty::Obj),
-            ("tokenizer", Ty::Obj),
-            ("engine", Ty::Obj),
-            ("embedding", Ty::Obj),
-            ("max-num-tokens", Ty::Num),
-            ("perlayer-embedding", Ty::Obj), // ≥ 2.48
-        ],
-    ),
-    (
-        "dialog.context",
-        &["version", "bos-token", "eos-token", "size", "n-vocab"],
-        &[
-            ("version", Ty::Num),
-            ("bos-token", Ty::Num),
-            ("eos-token", Ty::NumOrArr),
-            ("eot-token", Ty::Num),
-            ("size", Ty::Num),
-            ("n-vocab", Ty::Num),
-            ("pad-token", Ty::Num),
-            ("n-embd", Ty::Num),
-        ],
-    ),
-    (
-        "dialog.sampler",
-        &["version"],
-        &[
-            ("version", Ty::Num),
-            ("seed", Ty::Num),
-            ("temp", Ty::Num),
-            ("top-k", Ty::Num),
-            ("top-p", Ty::Num),
-            ("greedy", Ty::Bool),
-        ],
-    ),
-    (
-        "dialog.tokenizer",
-        &["version", "path"],
-        &[("version", Ty::Num), ("path", Ty::Str)],
-    ),
-    (
-        "dialog.embedding",
-        &["version", "size"],
-        &[
-            ("version", Ty::Num),
-            ("size", Ty::Num),
-            ("type", Ty::Str),
-            ("datatype", Ty::Str),
-            ("lut-path", Ty::Str),
-            ("quant-param", Ty::Obj),
-        ],
-    ),
-    (
-        "dialog.perlayer-embedding",
-        &["version", "size"],
-        &[
-            ("version", Ty::Num),
-            ("size", Ty::Num),
-            ("type", Ty::Str),
-            ("datatype", Ty::Str),
-            ("lut-path", Ty::Str),
-            ("quant-param", Ty::Obj),
-        ],
-    ),
-    (
-        "dialog.engine",
-        &["version", "backend", "model", "n-threads"],
-        &[
-            ("version", Ty::Num),
-            ("backend", Ty::Obj),
-            ("model", Ty::Obj),
-            ("n-threads", Ty::Num),
-            ("cache-groups", Ty::Arr),
-            ("longcontext", Ty::Obj),
-        ],
-    ),
-    (
-        "dialog.engine.backend",
-        &["version", "type"],
-        &[
-            ("version", Ty::Num),
-            ("type", Ty::Str),
-            ("extensions", Ty::Str),
-            ("QnnHtp", Ty::Obj),
-        ],
-    ),
-    (
-        "dialog.engine.backend.QnnHtp",
-        &[
-            "version",
-            "spill-fill-bufsize",
-            "mmap-budget",
-            "use-mmap",
-            "cpu-mask",
-            "poll",
-        ],
-        &[
-            ("version", Ty::Num),
-            ("spill-fill-bufsize", Ty::Num),
-            ("data-alignment-size", Ty::Num),
-            ("mmap-budget", Ty::Num),
-            ("use-mmap", Ty::Bool),
-            ("pos-id-dim", Ty::Num),
-            ("cpu-mask", Ty::Str),
-            ("poll", Ty::Bool),
-            ("kv-dim", Ty::Num),
-            ("kv-update-method", Ty::Str),
-            ("allow-async-init", Ty::Bool),
-            ("rope-theta", Ty::Num),
-            ("enable-graph-switching", Ty::Bool),
-            ("shared-engine", Ty::Bool),
-        ],
-    ),
-    (
-        "dialog.engine.cache-groups[]",
-        &["version", "prefix"],
-        &[
-            ("version", Ty::Num),
-            ("prefix", Ty::Str),
-            ("attention-mask-tensor-name", Ty::Str),
-            ("cache-index-tensor-name", Ty::Str),
-            ("longcontext", Ty::Obj),
-            ("kv-dim", Ty::Num), // ≥ 2.48
-        ],
-    ),
-    (
-        "dialog.engine.cache-groups[].longcontext",
-        &["version", "type"],
-        &[
-            ("version", Ty::Num),
-            ("type", Ty::Str),
-            ("reserved-tokens", Ty::Num),
-            ("sliding-window", Ty::Obj),
-        ],
-    ),
-    (
-        "dialog.engine.cache-groups[].longcontext.sliding-window",
-        &["version", "window-size"],
-        &[("version", Ty::Num), ("window-size", Ty::Num)],
-    ),
-    (
-        "dialog.engine.model",
-        &["version", "type"],
-        &[
-            ("version", Ty::Num),
-            ("type", Ty::Str),
-            ("binary", Ty::Obj),
-            ("positional-encoding", Ty::Obj),
-            ("local-positional-encoding", Ty::Obj), // ≥ 2.48
-        ],
-    ),
-    (
-        "dialog.engine.model.binary",
-        &["version", "ctx-bins"],
-        &[("version", Ty::Num), ("ctx-bins", Ty::Arr)],
-    ),
-    (
-        "dialog.engine.model.positional-encoding",
-        &["type"],
-        &[
-            ("type", Ty::Str),
-            ("rope-dim", Ty::Num),
-            ("rope-theta", Ty::Num),
-            ("rope-scaling", Ty::Obj),
-        ],
-    ),
-    (
-        "dialog.engine.model.local-positional-encoding",
-        &["type"],
-        &[
-            ("type", Ty::Str),
-            ("rope-dim", Ty::Num),
-            ("rope-theta", Ty::Num),
-            ("rope-scaling", Ty::Obj),
-        ],
-    ),
-    (
-        "dialog.engine.model.positional-encoding.rope-scaling",
-        &["rope-type"],
-        &[
-            ("rope-type", Ty::Str),
-            ("factor", Ty::Num),
-            ("low-freq-factor", Ty::Num),
-            ("high-freq-factor", Ty::Num),
-            ("original-max-position-embeddings", Ty::Num),
-            ("partial-rotary-factor", Ty::Num), // ≥ 2.48
-        ],
-    ),
-];
-
-/// Values Genie accepts for the enumerated string fields (Dialog.cpp; `proportional` from the E2B bundle).
-const ENUMS: &[(&str, &[&str])] = &[
-    ("dialog.type", &["basic"]),
-    (
-        "dialog.engine.backend.type",
-        &["QnnHtp", "QnnGpu", "QnnGenAiTransformer"],
-    ),
-    ("dialog.engine.model.type", &["binary", "library"]),
-    ("dialog.embedding.type", &["lut", "callback"]),
-    (
-        "dialog.embedding.datatype",
-        &[
-            "float32", "native", "ufixed8", "ufixed16", "sfixed8", "sfixed16",
-        ],
-    ),
-    ("dialog.perlayer-embedding.type", &["lut", "callback"]),
-    (
-        "dialog.perlayer-embedding.datatype",
-        &[
-            "float32", "native", "ufixed8", "ufixed16", "sfixed8", "sfixed16",
-        ],
-    ),
-    (
-        "dialog.engine.model.positional-encoding.type",
-        &["rope", "absolute", "alibi"],
-    ),
-    (
-        "dialog.engine.model.local-positional-encoding.type",
-        &["rope"],
-    ),
-    (
-        "dialog.engine.model.positional-encoding.rope-scaling.rope-type",
-        &["llama3", "default", "longrope", "proportional"],
-    ),
-    (
-        "dialog.engine.cache-groups[].longcontext.type",
-        &["keydiff", "sliding-window"],
-    ),
-];
-
-fn ty_ok(v: &Value, t: Ty) -> bool {
-    match t {
-        Ty::Num => v.is_number(),
-        Ty::Str => v.is_string(),
-        Ty::Bool => v.is_boolean(),
-        Ty::Obj => v.is_object(),
-        Ty::Arr => v.is_array(),
-        Ty::NumOrArr => v.is_number() || v.is_array(),
-    }
-}
-
-/// Check a genie_config.json against [`SCHEMA`] and [`ENUMS`] the way Genie does: every mandatory field
-/// present, no unknown key, each value of its type, `version` = 1, a `lut` embedding has a `lut-path`.
-/// Returns every problem found, each naming the JSON path.
-pub fn validate(cfg: &Value) -> Vec<String> {
-    let mut errs = Vec::new();
-    let Some(dialog) = cfg.get("dialog") else {
-        return vec!["missing \"dialog\"".into()];
-    };
-    if let Some(o) = cfg.as_object() {
-        for k in o.keys().filter(|k| *k != "dialog") {
-            errs.push(format!("unknown top-level key {k:?}"));
-        }
-    }
-    walk("dialog", dialog, &mut errs);
-    errs
-}
-
-fn walk(path: &str, v: &Value, errs: &mut Vec<String>) {
-    let Some((_, mandatory, keys)) = SCHEMA.iter().find(|(p, _, _)| *p == path) else {
-        return; // a leaf object Genie passes through (quant-param)
-    };
-    let Some(o) = v.as_object() else {
-        errs.push(format!("{path}: not an object"));
-        return;
-    };
-    for m in *mandatory {
-        if !o.contains_key(*m) {
-            errs.push(format!("{path}: missing field {m:?}"));
-        }
-    }
-    for (k, x) in o {
-        let Some((_, t)) = keys.iter().find(|(n, _)| n == k) else {
-            errs.push(format!("{path}: unknown key {k:?}"));
-            continue;
-        };
-        let p = format!("{path}.{k}");
-        if !ty_ok(x, *t) {
-            errs.push(format!("{p}: expected {t:?}, got {x}"));
-            continue;
-        }
-        if k == "version" && x.as_i64() != Some(1) {
-            errs.push(format!("{p}: unsupported version {x}"));
-        }
-        if let Some((_, allowed)) = ENUMS.iter().find(|(e, _)| *e == p) {
-            if !allowed.contains(&x.as_str().unwrap_or("")) {
-                errs.push(format!("{p}: {x} is not one of {allowed:?}"));
-            }
-        }
-        match x {
-            Value::Object(_) => walk(&p, x, errs),
-            Value::Array(a) if SCHEMA.iter().any(|(s, _, _)| *s == format!("{p}[]")) => {
-                for e in a {
-                    walk(&format!("{p}[]"), e, errs);
-                }
-            }
-            Value::Array(a) if k == "ctx-bins" && !a.iter().all(|e| e.is_string()) => {
-                errs.push(format!("{p}: ctx-bins must be an array of strings"));
-            }
-            _ => {}
-        }
-    }
-    if path.ends_with("embedding")
-        && (o.get("type") == Some(&json!("lut"))) != o.contains_key("lut-path")
-    {
-        errs.push(format!("{path}: lut-path goes with type lut"));
-    }
-}
-
 fn read(p: &Path) -> Result<Value> {
-    let s = std::fs::read_to_string(p).with_context(|| format!("{}", p.display()))?;
-    serde_json::from_str(&s).map_err(|e| anyhow!("{}: invalid JSON: {e}", p.display()))
+    let s = std::fs::read_to_string(p).at(&p)?;
+    serde_json::from_str(&s).map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))
 }
 
 /// A graph input's encoding from the io-contract, as (scale, offset) with real = (q + offset)·scale.
@@ -386,7 +59,7 @@ fn input_encoding(io: &Value, name: &str, io_path: &Path) -> Result<Option<(f64,
     let e = &t["encoding"];
     match (e["scale"].as_f64(), e["offset"].as_i64(), e["bitwidth"].as_u64()) {
         (Some(s), Some(o), Some(b)) => Ok(Some((s, o, b as u32))),
-        _ => bail!("{}: input {name} has no encoding (a Genie LUT needs the quantized build's input encoding)", io_path.display()),
+        _ => return Err(Error::file(&io_path, format!("input {name} has no encoding (a Genie LUT needs the quantized build's input encoding)"))),
     }
 }
 
@@ -565,21 +238,18 @@ fn write_lut(src: &Path, mult: f32, enc: (f64, i64, u32), dst: &Path) -> Result<
         offset,
         scale,
     };
-    let mut r = BufReader::with_capacity(
-        1 << 20,
-        std::fs::File::open(src).with_context(|| format!("{}", src.display()))?,
-    );
-    let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(dst)?);
+    let mut r = BufReader::with_capacity(1 << 20, std::fs::File::open(src).at(&src)?);
+    let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(dst).at(dst)?);
     let mut buf = vec![0u8; 1 << 20];
     let (mut n, mut carry) = (0u64, 0usize);
     loop {
-        let k = r.read(&mut buf[carry..])?;
+        let k = r.read(&mut buf[carry..]).at(src)?;
         if k == 0 {
             if carry != 0 {
-                bail!(
-                    "{}: length is not a whole number of f32 values",
-                    src.display()
-                );
+                return Err(Error::file(
+                    &src,
+                    "length is not a whole number of f32 values",
+                ));
             }
             break;
         }
@@ -589,16 +259,16 @@ fn write_lut(src: &Path, mult: f32, enc: (f64, i64, u32), dst: &Path) -> Result<
             let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * mult;
             let q = e.quantize(x);
             if bw == 8 {
-                w.write_all(&[q as u8])?;
+                w.write_all(&[q as u8]).at(dst)?;
             } else {
-                w.write_all(&(q as u16).to_le_bytes())?;
+                w.write_all(&(q as u16).to_le_bytes()).at(dst)?;
             }
             n += 1;
         }
         buf.copy_within(whole..have, 0);
         carry = have - whole;
     }
-    w.flush()?;
+    w.flush().at(dst)?;
     Ok(n)
 }
 
@@ -619,73 +289,121 @@ fn host_tensor(host: &Value, name: &str) -> Option<(String, f32, Vec<usize>)> {
     ))
 }
 
-/// Write the bundle; returns its manifest.
-pub fn bundle(a: &GenieArgs) -> Result<Value> {
-    let mp = a.dir.join("manifest.json");
-    let m = read(&mp)?;
-    if m["kind"] != "shared-context" {
-        bail!(
-            "{}: not a shared prefill+decode build (kind {}); a Genie bundle is made from \
-             `hexq compile --artifacts DECODE --artifacts TRUNK --target T --out DIR`",
-            mp.display(),
-            m["kind"]
-        );
-    }
+/// The compiled entry of the build's manifest for `target` (or its only one).
+fn pick_binary<'m>(m: &'m Value, mp: &Path, target: Option<&str>) -> Result<&'m Value> {
     let compiled: Vec<&Value> = m["compiled"].as_array().into_iter().flatten().collect();
     let avail: Vec<&str> = compiled
         .iter()
         .filter_map(|c| c["target"].as_str())
         .collect();
-    let c = match &a.target {
-        Some(t) => compiled
-            .iter()
-            .find(|c| c["target"] == t.as_str())
-            .ok_or_else(|| {
-                anyhow!(
-                    "{}: no binary for target {t} (compiled: {})",
-                    mp.display(),
-                    avail.join(", ")
-                )
-            })?,
+    let c = match target {
+        Some(t) => compiled.iter().find(|c| c["target"] == t).ok_or_else(|| {
+            Error::file(
+                mp,
+                format!("no binary for target {t} (compiled: {})", avail.join(", ")),
+            )
+        })?,
         None if compiled.len() == 1 => compiled[0],
-        None => bail!(
-            "{}: the build holds binaries for {}; pick one with --target",
-            mp.display(),
-            avail.join(", ")
-        ),
+        None => {
+            return Err(Error::file(
+                mp,
+                format!(
+                    "the build holds binaries for {}; pick one with --target",
+                    avail.join(", ")
+                ),
+            ))
+        }
     };
+    Ok(c)
+}
+
+/// The embedding LUT (and Gemma-4's per-layer one) quantized with the graph inputs' encodings; what each
+/// came from, for the manifest.
+fn write_luts(
+    stage: &AtomicDir,
+    hm: &Path,
+    host: &Value,
+    embed: (f64, i64, u32),
+    ple: Option<(f64, i64, u32)>,
+) -> Result<Map<String, Value>> {
+    let mut luts = Map::new();
+    let (ef, em, es) = host_tensor(host, "embed_tokens.weight")
+        .ok_or_else(|| Error::file(&hm.join("host-model.json"), "no embed_tokens.weight"))?;
+    let n = write_lut(&hm.join(&ef), em, embed, &stage.path(EMBED_LUT))?;
+    if n as usize != es.iter().product::<usize>() {
+        return Err(Error::file(
+            &hm.join(&ef),
+            format!("{n} values, shape {es:?}"),
+        ));
+    }
+    luts.insert(
+        EMBED_LUT.into(),
+        json!({"from": ef, "row_multiplier": em, "shape": es, "encoding": embed_json(embed)}),
+    );
+    if let Some(p) = ple {
+        let (pf, pm, ps) = host_tensor(host, "embed_tokens_per_layer.weight").ok_or_else(|| {
+            Error::file(
+                &hm.join("host-model.json"),
+                "no embed_tokens_per_layer.weight",
+            )
+        })?;
+        write_lut(&hm.join(&pf), pm, p, &stage.path(PLE_LUT))?;
+        luts.insert(
+            PLE_LUT.into(),
+            json!({"from": pf, "row_multiplier": pm, "shape": ps, "encoding": embed_json(p)}),
+        );
+    }
+    Ok(luts)
+}
+
+/// Write the bundle; returns its manifest.
+pub fn bundle(a: &GenieArgs) -> Result<Value> {
+    let mp = a.dir.join("manifest.json");
+    let m = read(&mp)?;
+    if m["kind"] != "shared-context" {
+        return Err(Error::file(
+            &mp,
+            format!(
+                "not a shared prefill+decode build (kind {}); a Genie bundle is made from \
+             `hexq compile --artifacts DECODE --artifacts TRUNK --target T --out DIR`",
+                m["kind"]
+            ),
+        ));
+    }
+    let c = pick_binary(&m, &mp, a.target.as_deref())?;
     let target = c["target"].as_str().unwrap_or_default().to_string();
     let bin = c["bin"]
         .as_str()
-        .ok_or_else(|| anyhow!("{}: compiled entry without \"bin\"", mp.display()))?;
+        .ok_or_else(|| Error::file(&mp, "compiled entry without \"bin\""))?;
     let decode = m["variants"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|v| v.as_str())
         .find(|v| *v != "trunk")
-        .ok_or_else(|| anyhow!("{}: no decode variant", mp.display()))?;
+        .ok_or_else(|| Error::file(&mp, "no decode variant"))?;
     let io_p = a.dir.join(format!("{decode}.io-contract.json"));
     let io = read(&io_p)?;
     let hm = a.dir.join("host-model");
     let cfg = ModelConfig::from_file(&hm.join("config.json"))
-        .map_err(|e| anyhow!("{}: {e}", hm.join("config.json").display()))?;
+        .map_err(|e| Error::file(&hm.join("config.json"), format!("{e}")))?;
     let host = read(&hm.join("host-model.json"))?;
     let generation = read(&hm.join("generation_config.json")).unwrap_or(Value::Null);
     let context = m["graph"]["context"]
         .as_u64()
-        .ok_or_else(|| anyhow!("{}: no graph.context", mp.display()))? as usize;
+        .ok_or_else(|| Error::file(&mp, "no graph.context"))? as usize;
     let embed = input_encoding(&io, "inputs_embeds", &io_p)?
-        .ok_or_else(|| anyhow!("{}: no inputs_embeds input", io_p.display()))?;
+        .ok_or_else(|| Error::file(&io_p, "no inputs_embeds input"))?;
     let ple = input_encoding(&io, "per_layer_inputs", &io_p)?;
-    let targets: Value = serde_json::from_str(TARGETS_JSON)?;
+    let targets: Value =
+        serde_json::from_str(TARGETS_JSON).at(Path::new("compile-scripts/htp_targets.json"))?;
     let gc = genie_config(&cfg, context, bin, embed, ple, &generation);
     let problems = validate(&gc);
     if !problems.is_empty() {
-        bail!(
+        return Err(Error::Usage(format!(
             "genie_config.json would not pass Genie's validation: {}",
             problems.join("; ")
-        );
+        )));
     }
     let diffs = io_differences(&io, &cfg);
 
@@ -694,8 +412,7 @@ pub fn bundle(a: &GenieArgs) -> Result<Value> {
         "writing the Genie bundle for {target} ({bin}, embedding LUTs)"
     ));
     let json_file = |name: &str, v: &Value| -> Result<()> {
-        std::fs::write(stage.path(name), serde_json::to_string_pretty(v)? + "\n")
-            .with_context(|| format!("{}", stage.path(name).display()))
+        crate::error::fs::write(stage.path(name), crate::pretty(v) + "\n")
     };
     json_file("genie_config.json", &gc)?;
     json_file(
@@ -713,42 +430,12 @@ pub fn bundle(a: &GenieArgs) -> Result<Value> {
     // The binary: a hard link when the filesystem allows (it can be GBs), else a copy.
     let src_bin = a.dir.join(bin);
     if std::fs::hard_link(&src_bin, stage.path(bin)).is_err() {
-        std::fs::copy(&src_bin, stage.path(bin))
-            .with_context(|| format!("copying {}", src_bin.display()))?;
+        std::fs::copy(&src_bin, stage.path(bin)).at(&src_bin)?;
     }
     for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(hm.join(f), stage.path(f))
-            .with_context(|| format!("copying {}", hm.join(f).display()))?;
+        crate::error::fs::copy(hm.join(f), stage.path(f))?;
     }
-    let mut luts = Map::new();
-    let (ef, em, es) = host_tensor(&host, "embed_tokens.weight").ok_or_else(|| {
-        anyhow!(
-            "{}: no embed_tokens.weight",
-            hm.join("host-model.json").display()
-        )
-    })?;
-    let n = write_lut(&hm.join(&ef), em, embed, &stage.path(EMBED_LUT))?;
-    if n as usize != es.iter().product::<usize>() {
-        bail!("{}: {n} values, shape {es:?}", hm.join(&ef).display());
-    }
-    luts.insert(
-        EMBED_LUT.into(),
-        json!({"from": ef, "row_multiplier": em, "shape": es, "encoding": embed_json(embed)}),
-    );
-    if let Some(p) = ple {
-        let (pf, pm, ps) =
-            host_tensor(&host, "embed_tokens_per_layer.weight").ok_or_else(|| {
-                anyhow!(
-                    "{}: no embed_tokens_per_layer.weight",
-                    hm.join("host-model.json").display()
-                )
-            })?;
-        write_lut(&hm.join(&pf), pm, p, &stage.path(PLE_LUT))?;
-        luts.insert(
-            PLE_LUT.into(),
-            json!({"from": pf, "row_multiplier": pm, "shape": ps, "encoding": embed_json(p)}),
-        );
-    }
+    let luts = write_luts(&stage, &hm, &host, embed, ple)?;
     pb.finish_and_clear();
     let mut files = Map::new();
     for f in hexq_fsutil::list_files(&stage.tmp)? {
@@ -768,7 +455,7 @@ pub fn bundle(a: &GenieArgs) -> Result<Value> {
         .iter()
         .map(|f| Ok(format!("{}  {f}\n", sha256_file(&stage.tmp.join(f))?)))
         .collect::<Result<_>>()?;
-    std::fs::write(stage.path("SHA256SUMS"), sums)?;
+    crate::error::fs::write(stage.path("SHA256SUMS"), sums)?;
     stage.commit()?;
     Ok(manifest)
 }
