@@ -113,6 +113,109 @@ fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Both graphs compiled into one weight-shared context binary for target `t`, checked (every node on HTP,
+/// the target's arch embedded, both graphs in the binary): its `compiled` manifest entry.
+fn compile_target(
+    t: &str,
+    decode: &Source,
+    trunk: &Source,
+    stage: &hexq_fsutil::AtomicDir,
+) -> Result<Value> {
+    let names = [decode, trunk].map(|s| format!("{}_{t}", s.variant));
+    let bin = format!("prefill_decode_{t}");
+    let mut cmd = vec!["python3".to_string(), "-".into()];
+    for src in [decode, trunk] {
+        cmd.push(
+            src.dir
+                .join(format!("{}.onnx", src.variant))
+                .display()
+                .to_string(),
+        );
+    }
+    cmd.extend([
+        stage.tmp.display().to_string(),
+        "--target".into(),
+        t.to_string(),
+        "--names".into(),
+        names.join(","),
+        "--bin-name".into(),
+        bin.clone(),
+        "--targets".into(),
+        stage.path("htp_targets.json").display().to_string(),
+    ]);
+    let pb = crate::spinner(&format!(
+        "compiling {} + {} into one context binary for {t} (QNN HTP, ort-qnn, weight sharing)",
+        decode.variant, trunk.variant
+    ));
+    let rep = run_script(&cmd, &decode.dir.join(format!("{}.onnx", decode.variant)));
+    pb.finish_and_clear();
+    let rep = rep?;
+    if rep["ok"] != true {
+        let g: Vec<String> = rep["graphs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|g| format!("{}: {}", g["model"], g["nodes_off_htp"]))
+            .collect();
+        return Err(Error::Usage(format!(
+            "shared compile for {t} failed: {}\n  {}",
+            rep["error"].as_str().unwrap_or("?"),
+            g.join("\n  ")
+        )));
+    }
+    let tt = target(t)?;
+    if rep["embedded_arch"] != tt["htp_arch"] {
+        return Err(Error::Usage(format!(
+            "{bin}.bin embeds arch {}, target {t} is {}",
+            rep["embedded_arch"], tt["htp_arch"]
+        )));
+    }
+    let mut graphs = Vec::new();
+    for (g, src) in rep["graphs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip([decode, trunk])
+    {
+        if g["nodes_off_htp"].as_array().is_none_or(|v| !v.is_empty()) || g["in_binary"] != true {
+            return Err(Error::Usage(format!(
+                "{}: not wholly in {bin}.bin: {g}",
+                src.variant
+            )));
+        }
+        let onnx = g["onnx"].as_str().unwrap_or_default().to_string();
+        graphs.push(json!({"variant": src.variant, "onnx": onnx, "onnx_sha256": sha256_file(&stage.path(&onnx))?,
+                           "partition": g["partition"], "nodes": g["nodes"], "nodes_off_htp": 0}));
+    }
+    let bp = stage.path(&format!("{bin}.bin"));
+    Ok(json!({
+        "target": t, "toolchain": "ort-qnn", "soc": tt["soc"], "htp_arch": tt["htp_arch"],
+        "bin": format!("{bin}.bin"), "bin_sha256": sha256_file(&bp)?, "bin_bytes": crate::error::fs::len(&bp)?,
+        "graphs": graphs, "onnxruntime": rep["onnxruntime"], "options": rep["options"],
+    }))
+}
+
+/// One line per binary: size, SoC, arch, the graphs it holds.
+fn print_compiled(compiled: &[Value], out: &Path) {
+    for c in compiled {
+        println!(
+            "{} ({} bytes, {} arch {}; graphs {}) in {}",
+            c["bin"].as_str().unwrap_or_default(),
+            c["bin_bytes"],
+            c["soc"].as_str().unwrap_or_default(),
+            c["htp_arch"],
+            c["graphs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|g| g["variant"].as_str().unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join(" + "),
+            out.display()
+        );
+    }
+}
+
 pub fn compile_shared(a: SharedArgs) -> Result<()> {
     if a.dirs.len() != 2 {
         return Err(Error::Usage(format!(
@@ -153,82 +256,11 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
         }
     }
     crate::error::fs::write(stage.path("htp_targets.json"), TARGETS_JSON)?;
-    let mut compiled = Vec::new();
-    for t in &a.targets {
-        let names = [decode, trunk].map(|s| format!("{}_{t}", s.variant));
-        let bin = format!("prefill_decode_{t}");
-        let mut cmd = vec!["python3".to_string(), "-".into()];
-        for src in [decode, trunk] {
-            cmd.push(
-                src.dir
-                    .join(format!("{}.onnx", src.variant))
-                    .display()
-                    .to_string(),
-            );
-        }
-        cmd.extend([
-            stage.tmp.display().to_string(),
-            "--target".into(),
-            t.clone(),
-            "--names".into(),
-            names.join(","),
-            "--bin-name".into(),
-            bin.clone(),
-            "--targets".into(),
-            stage.path("htp_targets.json").display().to_string(),
-        ]);
-        let pb = crate::spinner(&format!(
-            "compiling {} + {} into one context binary for {t} (QNN HTP, ort-qnn, weight sharing)",
-            decode.variant, trunk.variant
-        ));
-        let rep = run_script(&cmd, &decode.dir.join(format!("{}.onnx", decode.variant)));
-        pb.finish_and_clear();
-        let rep = rep?;
-        if rep["ok"] != true {
-            let g: Vec<String> = rep["graphs"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|g| format!("{}: {}", g["model"], g["nodes_off_htp"]))
-                .collect();
-            return Err(Error::Usage(format!(
-                "shared compile for {t} failed: {}\n  {}",
-                rep["error"].as_str().unwrap_or("?"),
-                g.join("\n  ")
-            )));
-        }
-        let tt = target(t)?;
-        if rep["embedded_arch"] != tt["htp_arch"] {
-            return Err(Error::Usage(format!(
-                "{bin}.bin embeds arch {}, target {t} is {}",
-                rep["embedded_arch"], tt["htp_arch"]
-            )));
-        }
-        let mut graphs = Vec::new();
-        for (g, src) in rep["graphs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .zip([decode, trunk])
-        {
-            if g["nodes_off_htp"].as_array().is_none_or(|v| !v.is_empty()) || g["in_binary"] != true
-            {
-                return Err(Error::Usage(format!(
-                    "{}: not wholly in {bin}.bin: {g}",
-                    src.variant
-                )));
-            }
-            let onnx = g["onnx"].as_str().unwrap_or_default().to_string();
-            graphs.push(json!({"variant": src.variant, "onnx": onnx, "onnx_sha256": sha256_file(&stage.path(&onnx))?,
-                               "partition": g["partition"], "nodes": g["nodes"], "nodes_off_htp": 0}));
-        }
-        let bp = stage.path(&format!("{bin}.bin"));
-        compiled.push(json!({
-            "target": t, "toolchain": "ort-qnn", "soc": tt["soc"], "htp_arch": tt["htp_arch"],
-            "bin": format!("{bin}.bin"), "bin_sha256": sha256_file(&bp)?, "bin_bytes": crate::error::fs::len(&bp)?,
-            "graphs": graphs, "onnxruntime": rep["onnxruntime"], "options": rep["options"],
-        }));
-    }
+    let compiled: Vec<Value> = a
+        .targets
+        .iter()
+        .map(|t| compile_target(t, decode, trunk, &stage))
+        .collect::<Result<_>>()?;
     std::fs::remove_file(stage.path("htp_targets.json")).at(&stage.path("htp_targets.json"))?;
     let mut files = Vec::new();
     let mut sums = String::new();
@@ -267,23 +299,7 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
     if a.json {
         println!("{}", crate::pretty(&m));
     } else {
-        for c in &compiled {
-            println!(
-                "{} ({} bytes, {} arch {}; graphs {}) in {}",
-                c["bin"].as_str().unwrap_or_default(),
-                c["bin_bytes"],
-                c["soc"].as_str().unwrap_or_default(),
-                c["htp_arch"],
-                c["graphs"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|g| g["variant"].as_str().unwrap_or_default())
-                    .collect::<Vec<_>>()
-                    .join(" + "),
-                out.display()
-            );
-        }
+        print_compiled(&compiled, &out);
     }
     Ok(())
 }
