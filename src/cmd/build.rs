@@ -229,9 +229,6 @@ pub fn run(a: Args) -> Result<()> {
     let model = model_dir(a.model.clone().or(r.model.clone()))?;
     let out = a.out.clone();
     std::fs::create_dir_all(out.join(".stamps")).with_context(|| format!("{}", out.display()))?;
-    let ctx = r.graph.context;
-    let m = Some(model.clone());
-    let has = |v: &str| r.artifacts.iter().any(|x| x.variant == v);
     let weights: Vec<PathBuf> = std::fs::read_dir(&model)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
@@ -239,39 +236,96 @@ pub fn run(a: Args) -> Result<()> {
                 .is_some_and(|x| x == "safetensors" || x == "json" || x == "model")
         })
         .collect();
-    let mut stages: Vec<Stage> = Vec::new();
-    // Calibration: the decode graph's stats serve both decode variants; the trunk has its own, its past-KV
-    // ranges completed from the decode graph's (quantize --kv-stats).
-    let decode_needed = has("decode_wgqa") || has("decode_wgqa_int8kv") || has("trunk");
-    for (v, needed) in [
-        (Variant::DecodeWgqa, decode_needed),
-        (Variant::Trunk, has("trunk")),
-    ] {
-        let (Some(c), true) = (&r.calibration, needed) else {
-            continue;
-        };
-        let st = format!("stats/{v}.json");
-        let mut ca =
-            calibrate::Args::new(m.clone(), c.dataset.clone(), c.limit, ctx, out.join(&st));
-        ca.variant = v;
-        ca.seq = r.graph.seq;
-        ca.decode_tokens = c.decode_tokens;
-        ca.force = true;
-        let mut reads = weights.clone();
-        reads.push(c.dataset.clone());
-        stages.push(Stage {
-            name: format!("calibrate {v}"),
-            settings: json!({"limit": c.limit, "decode_tokens": c.decode_tokens, "context": ctx, "seq": r.graph.seq}),
-            reads,
-            writes: vec![st],
-            run: Box::new(move || calibrate::run(ca)),
-        });
-    }
+    let plan = Plan {
+        r: &r,
+        out: &out,
+        m: Some(model.clone()),
+        weights,
+    };
     let host: export::Host = match &r.host.dtype {
         Some(d) => clap::ValueEnum::from_str(d, true).map_err(|e| anyhow!("{e}"))?,
         None => export::Host::Native,
     };
+    let mut stages = plan.calibrate_stages();
     for art in &r.artifacts {
+        stages.extend(plan.artifact_stages(art, host)?);
+    }
+    if let Some(c) = r.compile.as_ref().filter(|c| c.shared) {
+        stages.extend(plan.shared_stages(c)?);
+    }
+    for g in &r.gguf {
+        stages.push(plan.gguf_stage(g)?);
+    }
+    std::fs::create_dir_all(out.join("stats"))?;
+    let (table, manifest_stages) = run_stages(stages, &out)?;
+    let mut tools = json!({"hexq": env!("CARGO_PKG_VERSION")});
+    if r.compile.is_some() {
+        tools["onnxruntime-qnn"] = python_version("onnxruntime_qnn").into();
+        tools["onnxruntime"] = python_version("onnxruntime").into();
+    }
+    let manifest = json!({
+        "recipe": {"path": a.recipe.display().to_string(), "sha256": hexq_fsutil::sha256_bytes(text.as_bytes()), "parsed": r, "text": text},
+        "model": model.display().to_string(),
+        "tools": tools,
+        // Every tool above writes the same bytes for the same inputs (two runs compared by SHA256, QNN
+        // context binaries included): nothing here is excluded as nondeterministic.
+        "nondeterministic": [],
+        "stages": manifest_stages,
+    });
+    write_atomic(
+        &out.join("build-manifest.json"),
+        (serde_json::to_string_pretty(&manifest)? + "\n").as_bytes(),
+    )?;
+    report(a.json, &table, &out)
+}
+
+/// What every stage of one build shares: the recipe, the build directory, the checkpoint and its files.
+struct Plan<'a> {
+    r: &'a Recipe,
+    out: &'a Path,
+    m: Option<PathBuf>,
+    weights: Vec<PathBuf>,
+}
+
+impl Plan<'_> {
+    /// Calibration: the decode graph's stats serve both decode variants; the trunk has its own, its past-KV
+    /// ranges completed from the decode graph's (quantize --kv-stats).
+    fn calibrate_stages(&self) -> Vec<Stage> {
+        let (r, out, m, ctx) = (self.r, self.out, &self.m, self.r.graph.context);
+        let has = |v: &str| r.artifacts.iter().any(|x| x.variant == v);
+        let mut stages = Vec::new();
+        let decode_needed = has("decode_wgqa") || has("decode_wgqa_int8kv") || has("trunk");
+        for (v, needed) in [
+            (Variant::DecodeWgqa, decode_needed),
+            (Variant::Trunk, has("trunk")),
+        ] {
+            let (Some(c), true) = (&r.calibration, needed) else {
+                continue;
+            };
+            let st = format!("stats/{v}.json");
+            let mut ca =
+                calibrate::Args::new(m.clone(), c.dataset.clone(), c.limit, ctx, out.join(&st));
+            ca.variant = v;
+            ca.seq = r.graph.seq;
+            ca.decode_tokens = c.decode_tokens;
+            ca.force = true;
+            let mut reads = self.weights.clone();
+            reads.push(c.dataset.clone());
+            stages.push(Stage {
+                name: format!("calibrate {v}"),
+                settings: json!({"limit": c.limit, "decode_tokens": c.decode_tokens, "context": ctx, "seq": r.graph.seq}),
+                reads,
+                writes: vec![st],
+                run: Box::new(move || calibrate::run(ca)),
+            });
+        }
+        stages
+    }
+
+    /// One artifact: quantize, export (QDQ), and a compile per target.
+    fn artifact_stages(&self, art: &Artifact, host: export::Host) -> Result<Vec<Stage>> {
+        let (r, out, m, ctx) = (self.r, self.out, &self.m, self.r.graph.context);
+        let mut stages = Vec::new();
         let v: Variant =
             clap::ValueEnum::from_str(&art.variant, false).map_err(|e| anyhow!("{e}"))?;
         let stats = if v == Variant::Trunk {
@@ -288,7 +342,7 @@ pub fn run(a: Args) -> Result<()> {
         );
         qa.overrides = art.overrides.clone();
         qa.force = true;
-        let mut reads = weights.clone();
+        let mut reads = self.weights.clone();
         reads.push(out.join(stats));
         if v == Variant::Trunk {
             qa.kv_stats = Some(out.join("stats/decode_wgqa.json"));
@@ -310,16 +364,16 @@ pub fn run(a: Args) -> Result<()> {
         xa.qdq = true;
         xa.host = host;
         xa.force = true;
-        let mut reads = weights.clone();
+        let mut reads = self.weights.clone();
         reads.push(out.join(&enc));
         stages.push(Stage {
-            name: format!("export {v}"),
-            settings: json!({"context": ctx, "seq": r.graph.seq, "qdq": true, "host": r.host.dtype}),
-            reads,
-            // What later stages read (compile rewrites manifest.json beside them).
-            writes: vec![format!("{dir}/{v}.onnx"), format!("{dir}/{v}.data"), format!("{dir}/host-model")],
-            run: Box::new(move || export::run(xa)),
-        });
+                name: format!("export {v}"),
+                settings: json!({"context": ctx, "seq": r.graph.seq, "qdq": true, "host": r.host.dtype}),
+                reads,
+                // What later stages read (compile rewrites manifest.json beside them).
+                writes: vec![format!("{dir}/{v}.onnx"), format!("{dir}/{v}.data"), format!("{dir}/host-model")],
+                run: Box::new(move || export::run(xa)),
+            });
         for t in r.compile.iter().flat_map(|c| c.targets.clone()) {
             let ca = compile::Args::new(out.join(&dir), &t);
             stages.push(Stage {
@@ -333,8 +387,13 @@ pub fn run(a: Args) -> Result<()> {
                 run: Box::new(move || compile::run(ca)),
             });
         }
+        Ok(stages)
     }
-    if let Some(c) = r.compile.as_ref().filter(|c| c.shared) {
+
+    /// One weight-shared prefill+decode binary for the targets, and Genie bundles from it.
+    fn shared_stages(&self, c: &CompileCfg) -> Result<Vec<Stage>> {
+        let out = self.out;
+        let mut stages = Vec::new();
         let (d, t) = (out.join("export/decode_wgqa"), out.join("export/trunk"));
         let ca = compile::Args {
             artifacts: vec![d.clone(), t.clone()],
@@ -379,8 +438,12 @@ pub fn run(a: Args) -> Result<()> {
                 run: Box::new(move || Ok(hexq_compile::genie::bundle(&ga).map(|_| ())?)),
             });
         }
+        Ok(stages)
     }
-    for g in &r.gguf {
+
+    /// One GGUF file.
+    fn gguf_stage(&self, g: &GgufCfg) -> Result<Stage> {
+        let (out, m) = (self.out, &self.m);
         let ty: hexq_export::gguf::FileType =
             clap::ValueEnum::from_str(&g.ty, true).map_err(|e| anyhow!("{e}"))?;
         let f = format!(
@@ -391,15 +454,19 @@ pub fn run(a: Args) -> Result<()> {
         std::fs::create_dir_all(out.join("gguf"))?;
         let mut ga = gguf::Args::new(m.clone(), ty, g.pure, out.join(&f));
         ga.force = true;
-        stages.push(Stage {
+        Ok(Stage {
             name: format!("gguf {}{}", g.ty, if g.pure { " --pure" } else { "" }),
             settings: json!({"type": g.ty, "pure": g.pure}),
-            reads: weights.clone(),
+            reads: self.weights.clone(),
             writes: vec![f],
             run: Box::new(move || gguf::run(ga)),
-        });
+        })
     }
-    std::fs::create_dir_all(out.join("stats"))?;
+}
+
+/// Each stage run unless its stamp says its inputs and outputs are unchanged: the status table and the
+/// manifest's stage entries.
+fn run_stages(stages: Vec<Stage>, out: &Path) -> Result<(Vec<Value>, Vec<Value>)> {
     let n = stages.len();
     let mut table = Vec::new();
     let mut manifest_stages = Vec::new();
@@ -460,25 +527,12 @@ pub fn run(a: Args) -> Result<()> {
             "inputs": s.reads.iter().map(|p| Ok(json!({"path": p.display().to_string(), "sha256": hash_path(p)?}))).collect::<Result<Vec<_>>>()?,
             "outputs": outputs.iter().map(|(p, h)| json!({"path": p, "sha256": h})).collect::<Vec<_>>()}));
     }
-    let mut tools = json!({"hexq": env!("CARGO_PKG_VERSION")});
-    if r.compile.is_some() {
-        tools["onnxruntime-qnn"] = python_version("onnxruntime_qnn").into();
-        tools["onnxruntime"] = python_version("onnxruntime").into();
-    }
-    let manifest = json!({
-        "recipe": {"path": a.recipe.display().to_string(), "sha256": hexq_fsutil::sha256_bytes(text.as_bytes()), "parsed": r, "text": text},
-        "model": model.display().to_string(),
-        "tools": tools,
-        // Every tool above writes the same bytes for the same inputs (two runs compared by SHA256, QNN
-        // context binaries included): nothing here is excluded as nondeterministic.
-        "nondeterministic": [],
-        "stages": manifest_stages,
-    });
-    write_atomic(
-        &out.join("build-manifest.json"),
-        (serde_json::to_string_pretty(&manifest)? + "\n").as_bytes(),
-    )?;
-    if a.json {
+    Ok((table, manifest_stages))
+}
+
+/// The stage table: JSON on stdout, or markdown on stderr.
+fn report(json: bool, table: &[Value], out: &Path) -> Result<()> {
+    if json {
         println!(
             "{}",
             serde_json::to_string_pretty(
@@ -487,7 +541,7 @@ pub fn run(a: Args) -> Result<()> {
         );
     } else {
         eprintln!("\n| stage | status | seconds |\n|---|---|---|");
-        for t in &table {
+        for t in table {
             eprintln!(
                 "| {} | {} | {} |",
                 t["stage"].as_str().unwrap_or(""),
