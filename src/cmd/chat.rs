@@ -10,33 +10,12 @@ use hexq_model::chat::{Message, STOP_IDS};
 use hexq_runtime::sample::Sampler;
 use serde_json::json;
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
-    /// Checkpoint directory; default: the bundled tiny Gemma-4 (cpu, graph).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
-    pub backend: BackendKind,
-    /// ort/qnn backends: `hexq export` directories (one decode variant, optionally a trunk).
-    #[arg(long)]
-    pub artifacts: Vec<PathBuf>,
-    /// qnn backend: the HTP target.
-    #[arg(long, default_value = "v79")]
-    pub target: String,
-    /// llama backend: the GGUF.
-    #[arg(long)]
-    pub gguf: Option<PathBuf>,
-    /// Graph backend: positions (KV buffer length).
-    #[arg(long, default_value_t = 4096, value_parser = super::positive)]
-    pub context: usize,
-    /// Graph backend: trunk chunk length (0 = token by token).
-    #[arg(long, default_value_t = 128)]
-    pub seq: usize,
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
+    #[command(flatten)]
+    pub b: run::BackendArgs,
     /// Optional system turn at the start of every conversation.
     #[arg(long)]
     pub system: Option<String>,
@@ -53,14 +32,9 @@ pub struct Args {
 
 fn run_args(a: &Args) -> run::Args {
     run::Args {
-        artifacts: a.artifacts.clone(),
-        target: a.target.clone(),
-        gguf: a.gguf.clone(),
-        context: a.context,
-        seq: a.seq,
-        threads: a.threads,
+        b: a.b.clone(),
         sampling: a.sampling.clone(),
-        ..run::Args::new(a.model.clone(), a.backend, "", a.max_tokens)
+        ..run::Args::new(None, a.b.backend, "", a.max_tokens)
     }
 }
 
@@ -95,8 +69,8 @@ impl Conversation {
 pub fn run(a: Args) -> Result<()> {
     let ra = run_args(&a);
     let sampling = ra.sampling.sampling();
-    let quiet = matches!(a.backend, BackendKind::Qnn).then(super::StdoutToStderr::new);
-    let (mut b, tok) = run::open_backend(&ra)?;
+    let quiet = matches!(a.b.backend, BackendKind::Qnn).then(super::StdoutToStderr::new);
+    let (mut b, tok) = run::open_backend(&ra.b)?;
     drop(quiet);
     let mut sampler = Sampler::new(sampling);
     let mut conv = Conversation::new(&a.system);

@@ -215,10 +215,8 @@ fn quantized_builds(a: &Args, s: &mut Stages) {
         ("run cpu", BackendKind::Cpu),
         ("run graph", BackendKind::Graph),
     ] {
-        let r = run::Args {
-            context: ctx,
-            ..run::Args::new(m.clone(), b, PROMPT, 16)
-        };
+        let mut r = run::Args::new(m.clone(), b, PROMPT, 16);
+        r.b.context = ctx;
         s.stage(name, None, None, || run::run(r));
     }
     // The pipeline owns its --out directory: each stage replaces its output.
@@ -294,11 +292,9 @@ fn qdq_runs(a: &Args, s: &mut Stages) {
     let (m, ctx) = (&a.model, a.context);
     let d = a.out.join("decode_wgqa.qdq");
     let exported = "export decode_wgqa qdq";
-    let r = run::Args {
-        context: ctx,
-        artifacts: vec![d.clone()],
-        ..run::Args::new(m.clone(), BackendKind::Ort, PROMPT, 16)
-    };
+    let mut r = run::Args::new(m.clone(), BackendKind::Ort, PROMPT, 16);
+    r.b.context = ctx;
+    r.b.artifacts = vec![d.clone()];
     s.stage(
         "run ort (qdq decode_wgqa)",
         None,
@@ -336,12 +332,10 @@ fn qdq_runs(a: &Args, s: &mut Stages) {
                 .or_else(missing_qnn),
             || compile::run(c),
         );
-        let r = run::Args {
-            context: ctx,
-            artifacts: vec![d.clone()],
-            target: t.into(),
-            ..run::Args::new(m.clone(), BackendKind::Qnn, PROMPT, 8)
-        };
+        let mut r = run::Args::new(m.clone(), BackendKind::Qnn, PROMPT, 8);
+        r.b.context = ctx;
+        r.b.artifacts = vec![d.clone()];
+        r.b.target = t.into();
         s.stage(
             &format!("run qnn {t} (HTP simulator)"),
             None,

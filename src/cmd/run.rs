@@ -9,19 +9,12 @@ use hexq_model::{Checkpoint, Model};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// Which backend runs the model, and what it needs: the options `run`, `chat` and `serve` share.
 #[derive(clap::Args, Clone)]
-pub struct Args {
-    /// Checkpoint directory; default: the bundled tiny Gemma-4 (cpu, graph).
+pub struct BackendArgs {
     /// Checkpoint directory (config.json + safetensors); default: the bundled tiny Gemma-4.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    #[arg(long)]
-    pub prompt: String,
-    /// Optional system turn before the prompt.
-    #[arg(long)]
-    pub system: Option<String>,
-    #[arg(long, default_value_t = 32)]
-    pub max_tokens: usize,
     #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
     pub backend: BackendKind,
     /// Graph backend: full-attention buffer length (max context).
@@ -43,6 +36,35 @@ pub struct Args {
     /// llama backend: the GGUF to run (llama.cpp from $LLAMA_CPP_BUILD); tokenizer and chat template from --model.
     #[arg(long)]
     pub gguf: Option<PathBuf>,
+}
+
+impl BackendArgs {
+    /// `backend` on `model` with every other option at its default.
+    pub fn new(model: Option<PathBuf>, backend: BackendKind) -> Self {
+        BackendArgs {
+            model,
+            backend,
+            context: 4096,
+            seq: 128,
+            artifacts: vec![],
+            threads: 0,
+            target: "v79".into(),
+            gguf: None,
+        }
+    }
+}
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    #[command(flatten)]
+    pub b: BackendArgs,
+    #[arg(long)]
+    pub prompt: String,
+    /// Optional system turn before the prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+    #[arg(long, default_value_t = 32)]
+    pub max_tokens: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[arg(long)]
@@ -58,17 +80,10 @@ impl Args {
         max_tokens: usize,
     ) -> Self {
         Args {
-            model,
+            b: BackendArgs::new(model, backend),
             prompt: prompt.into(),
             system: None,
             max_tokens,
-            backend,
-            context: 4096,
-            seq: 128,
-            artifacts: vec![],
-            threads: 0,
-            target: "v79".into(),
-            gguf: None,
             sampling: SamplingArgs::default(),
             json: false,
         }
@@ -91,8 +106,8 @@ pub enum BackendKind {
 
 pub fn run(a: Args) -> Result<()> {
     let sampling = a.sampling.sampling();
-    let quiet = matches!(a.backend, BackendKind::Qnn).then(StdoutToStderr::new);
-    let (mut b, tok) = open_backend(&a)?;
+    let quiet = matches!(a.b.backend, BackendKind::Qnn).then(StdoutToStderr::new);
+    let (mut b, tok) = open_backend(&a.b)?;
     let (system, prompt, max_tokens, as_json) = (a.system, a.prompt, a.max_tokens, a.json);
     let mut msgs = Vec::new();
     if let Some(s) = system {
@@ -180,7 +195,7 @@ impl SamplingArgs {
 }
 
 /// The backend `a` names, and the tokenizer that goes with it.
-pub fn open_backend(a: &Args) -> Result<(Box<dyn hexq_runtime::Backend>, Tokenizer)> {
+pub fn open_backend(a: &BackendArgs) -> Result<(Box<dyn hexq_runtime::Backend>, Tokenizer)> {
     use hexq_runtime::ort::Ep;
     Ok(match a.backend {
         BackendKind::Cpu | BackendKind::Graph => {

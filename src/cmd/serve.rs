@@ -16,33 +16,12 @@ use hexq_runtime::sample::{Sampler, Sampling};
 use hexq_runtime::Backend;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
-    /// Checkpoint directory; default: the bundled tiny Gemma-4 (cpu, graph).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    #[arg(long, value_enum, default_value_t = BackendKind::Cpu)]
-    pub backend: BackendKind,
-    /// ort/qnn backends: `hexq export` directories (one decode variant, optionally a trunk).
-    #[arg(long)]
-    pub artifacts: Vec<PathBuf>,
-    /// qnn backend: the HTP target.
-    #[arg(long, default_value = "v79")]
-    pub target: String,
-    /// llama backend: the GGUF.
-    #[arg(long)]
-    pub gguf: Option<PathBuf>,
-    /// Graph backend: positions (KV buffer length).
-    #[arg(long, default_value_t = 4096, value_parser = super::positive)]
-    pub context: usize,
-    /// Graph backend: trunk chunk length (0 = token by token).
-    #[arg(long, default_value_t = 128)]
-    pub seq: usize,
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
+    #[command(flatten)]
+    pub b: run::BackendArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -443,28 +422,23 @@ fn respond(req: tiny_http::Request, code: u16, v: &Value) {
 
 pub fn run(a: Args) -> Result<()> {
     let ra = run::Args {
-        artifacts: a.artifacts.clone(),
-        target: a.target.clone(),
-        gguf: a.gguf.clone(),
-        context: a.context,
-        seq: a.seq,
-        threads: a.threads,
+        b: a.b.clone(),
         sampling: a.sampling.clone(),
-        ..run::Args::new(a.model.clone(), a.backend, "", a.max_tokens)
+        ..run::Args::new(None, a.b.backend, "", a.max_tokens)
     };
     let defaults = ra.sampling.sampling();
-    let quiet = matches!(a.backend, BackendKind::Qnn).then(super::StdoutToStderr::new);
-    let (b, tok) = run::open_backend(&ra)?;
+    let quiet = matches!(a.b.backend, BackendKind::Qnn).then(super::StdoutToStderr::new);
+    let (b, tok) = run::open_backend(&ra.b)?;
     drop(quiet);
-    let model = a
-        .model
-        .as_ref()
-        .or(a.artifacts.first())
-        .or(a.gguf.as_ref())
-        .and_then(|p| p.file_name())
-        .map_or("tiny-gemma4".to_string(), |n| {
-            n.to_string_lossy().into_owned()
-        });
+    let model =
+        a.b.model
+            .as_ref()
+            .or(a.b.artifacts.first())
+            .or(a.b.gguf.as_ref())
+            .and_then(|p| p.file_name())
+            .map_or("tiny-gemma4".to_string(), |n| {
+                n.to_string_lossy().into_owned()
+            });
     let server = tiny_http::Server::http((a.host.as_str(), a.port))
         .map_err(|e| anyhow!("cannot listen on {}:{}: {e}", a.host, a.port))?;
     let addr = server
