@@ -99,39 +99,41 @@ fn last_hidden(b: &mut impl Hidden, ids: &[u32], trunk: bool) -> Result<Vec<f32>
     Ok(last)
 }
 
-impl Hidden for graph::GraphBackend {
-    fn reset_all(&mut self) {
-        Backend::reset(self)
-    }
-    fn hidden_all(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
-        self.hidden(ids)
-    }
-    fn step_one(&mut self, id: u32) -> Result<Vec<f32>> {
-        self.step(id)
-    }
-    fn logits_of(&self, h: &[f32]) -> Result<Vec<f32>> {
-        self.logits(h)
-    }
-    fn set_noise(&mut self, f: Option<graph::Noise>) -> Result<()> {
-        self.noise = f;
-        Ok(())
-    }
+/// One [`Hidden`] for both graph-running backends: their own prompt path (trunk chunks) and decode step; the
+/// head and the noise hook are what differ.
+macro_rules! hidden_via_graphs {
+    ($t:ty, logits: $logits:expr, noise: $noise:expr) => {
+        impl Hidden for $t {
+            fn reset_all(&mut self) {
+                Backend::reset(self)
+            }
+            fn hidden_all(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
+                self.hidden(ids)
+            }
+            fn step_one(&mut self, id: u32) -> Result<Vec<f32>> {
+                self.step(id)
+            }
+            fn logits_of(&self, h: &[f32]) -> Result<Vec<f32>> {
+                $logits(self, h)
+            }
+            fn set_noise(&mut self, f: Option<graph::Noise>) -> Result<()> {
+                $noise(self, f)
+            }
+        }
+    };
 }
 
-impl Hidden for ort::OrtBackend {
-    fn reset_all(&mut self) {
-        Backend::reset(self)
-    }
-    fn hidden_all(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
-        self.hidden(ids)
-    }
-    fn step_one(&mut self, id: u32) -> Result<Vec<f32>> {
-        self.step(id)
-    }
-    fn logits_of(&self, h: &[f32]) -> Result<Vec<f32>> {
-        self.host.logits(h)
-    }
-}
+hidden_via_graphs!(graph::GraphBackend,
+logits: |b: &graph::GraphBackend, h: &[f32]| b.logits(h),
+noise: |b: &mut graph::GraphBackend, f| {
+    b.noise = f;
+    Ok(())
+});
+hidden_via_graphs!(ort::OrtBackend,
+logits: |b: &ort::OrtBackend, h: &[f32]| b.host.logits(h),
+noise: |_: &mut ort::OrtBackend, _| Err(Error::Unsupported(
+    "this backend takes token embeddings only from host-model/".into(),
+)));
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Generation {
