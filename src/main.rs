@@ -46,7 +46,7 @@ enum Cmd {
     /// (optionally one weight-shared prefill+decode binary per target) and GGUF files; resumable, with a
     /// manifest of every input's and output's SHA256.
     Build(cmd::build::Args),
-    /// Export one variant's artifacts: <variant>.onnx + .data (float, or QDQ with --qdq), the encodings beside
+    /// Export one variant's artifacts: `<variant>.onnx` + .data (float, or QDQ with --qdq), the encodings beside
     /// it, host-model/ (vocab tensors + tokenizer), io-contract.json, manifest.json (sizes, SHA256s).
     Export(cmd::export::Args),
     /// Write a GGUF llama.cpp loads (gemma4 architecture, metadata as its converter writes it), streamed from

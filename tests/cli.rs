@@ -332,10 +332,7 @@ fn chat_keeps_the_kv_cache_across_turns() {
             // The previous model turn's close, then the new user turn: nothing already in the cache.
             assert_eq!(fed[0], hexq_model::chat::STOP_IDS[0], "turn {k}: {fed:?}");
             let user = tok
-                .encode(&format!(
-                    "{}",
-                    ["", "What is two plus two?", "Thanks, bye"][k]
-                ))
+                .encode(["", "What is two plus two?", "Thanks, bye"][k])
                 .unwrap();
             assert!(
                 fed.windows(user.len()).any(|w| w == user.as_slice()),

@@ -114,7 +114,7 @@ fn min_max(t: &Tensor) -> Option<(f32, f32)> {
                 .zip(layout.dims().iter().copied())
                 .filter(|&(_, d)| d > 1)
                 .collect();
-            ds.sort_by(|a, b| b.0.cmp(&a.0));
+            ds.sort_by_key(|a| std::cmp::Reverse(a.0));
             let mut want = 1;
             let dense = ds.iter().rev().all(|&(s, d)| {
                 let ok = s == want;

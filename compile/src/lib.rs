@@ -247,7 +247,7 @@ fn check_report(rep: &Value, t: &Value, onnx: &Path, bin: &Path, target: &str) -
             .filter_map(|x| x.as_str())
             .collect();
         return Err(Error::file(
-            &onnx,
+            onnx,
             format!(
                 "compile for {target} failed: {}\nnodes off HTP ({}):\n  {}\nerrors:\n  {}",
                 rep["error"].as_str().unwrap_or("?"),
@@ -263,7 +263,7 @@ fn check_report(rep: &Value, t: &Value, onnx: &Path, bin: &Path, target: &str) -
     );
     if rep["embedded_soc"] != soc || rep["embedded_arch"] != arch {
         return Err(Error::file(
-            &bin,
+            bin,
             format!(
                 "the binary embeds soc {} arch {}, target {target} is {soc} arch {arch}",
                 rep["embedded_soc"], rep["embedded_arch"]
@@ -272,7 +272,7 @@ fn check_report(rep: &Value, t: &Value, onnx: &Path, bin: &Path, target: &str) -
     }
     if off.map(|v| !v.is_empty()).unwrap_or(true) {
         return Err(Error::file(
-            &onnx,
+            onnx,
             format!("nodes off HTP: {}", rep["nodes_off_htp"]),
         ));
     }
@@ -339,7 +339,7 @@ fn qairt(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
     }
     let qairt_dir = std::env::var("QAIRT_DIR").ok();
     if qairt_dir.is_none() && !a.dry_run {
-        return Err(Error::Usage(format!("the qairt toolchain needs QAIRT_DIR (a QAIRT SDK ≥ 2.45); --dry-run writes the commands without one")));
+        return Err(Error::Usage("the qairt toolchain needs QAIRT_DIR (a QAIRT SDK ≥ 2.45); --dry-run writes the commands without one".to_string()));
     }
     let name = format!("{variant}_{}", a.target);
     let out = a.dir.join(format!("qairt-{name}"));
@@ -506,7 +506,7 @@ fn first_calibration_prompt() -> Result<String> {
     let p = Path::new("datasets/calibration.jsonl");
     let s = std::fs::read_to_string(p)
         .unwrap_or_else(|_| include_str!("../../datasets/calibration.jsonl").to_string());
-    let line = s.lines().next().ok_or_else(|| Error::file(&p, "empty"))?;
+    let line = s.lines().next().ok_or_else(|| Error::file(p, "empty"))?;
     let v: Value = serde_json::from_str(line).at(p)?;
     Ok(v["prompt"]
         .as_str()

@@ -6,7 +6,7 @@
 //! `ep.stop_share_ep_contexts`, writes the binary). Static tensors are shared only when name, data *and*
 //! quantization agree, so the two exports must carry the same weight encodings: they do by construction —
 //! `hexq quantize` derives every param encoding from the weights alone (min-max per channel, no calibration
-//! data) — and [`check_agree`] refuses two exports whose param encodings differ anywhere (e.g. different
+//! data) — and `check_agree` refuses two exports whose param encodings differ anywhere (e.g. different
 //! overrides), naming the tensor.
 //!
 //! Output: a directory of its own (`--out`): `prefill_decode_<target>.bin`, one EPContext graph per variant
@@ -39,8 +39,8 @@ struct Source {
 }
 
 fn read(p: &Path) -> Result<Value> {
-    let s = std::fs::read_to_string(p).at(&p)?;
-    serde_json::from_str(&s).map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))
+    let s = std::fs::read_to_string(p).at(p)?;
+    serde_json::from_str(&s).map_err(|e| Error::file(p, format!("invalid JSON: {e}")))
 }
 
 fn source(dir: &Path) -> Result<Source> {
@@ -101,7 +101,7 @@ fn check_agree(a: &Source, b: &Source) -> Result<()> {
 
 fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
     crate::error::fs::create_dir_all(dst)?;
-    for e in std::fs::read_dir(src).at(&src)? {
+    for e in std::fs::read_dir(src).at(src)? {
         let e = e.at(src)?;
         let p = e.path();
         if p.is_dir() {

@@ -67,7 +67,11 @@ pub fn verify_exports(
                 Ep::Qnn { target } => (target.clone(), "htp"),
                 Ep::Cpu => ("ort-cpu".to_string(), "ort"),
             };
-            cands.push((t, cand, OrtBackend::open(&[a.clone()], 1, ep.clone())?));
+            cands.push((
+                t,
+                cand,
+                OrtBackend::open(std::slice::from_ref(a), 1, ep.clone())?,
+            ));
         }
         if cands.is_empty() {
             continue;

@@ -123,18 +123,16 @@ pub fn check_encodings(
                     ));
                 }
             }
-            if kind == "activation" && is_kv(n) {
-                if int8kv != (v[0].bitwidth == 8) {
-                    return bad(format!(
-                        "{n:?} is {}-bit: {}",
-                        v[0].bitwidth,
-                        if int8kv {
-                            "the int8-KV variant needs 8-bit KV encodings (hexq quantize --int8-kv)"
-                        } else {
-                            "8-bit KV encodings belong to the decode_wgqa_int8kv variant"
-                        }
-                    ));
-                }
+            if kind == "activation" && is_kv(n) && int8kv != (v[0].bitwidth == 8) {
+                return bad(format!(
+                    "{n:?} is {}-bit: {}",
+                    v[0].bitwidth,
+                    if int8kv {
+                        "the int8-KV variant needs 8-bit KV encodings (hexq quantize --int8-kv)"
+                    } else {
+                        "8-bit KV encodings belong to the decode_wgqa_int8kv variant"
+                    }
+                ));
             }
         }
         let covered =

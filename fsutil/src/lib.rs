@@ -478,6 +478,49 @@ impl std::io::Write for HashedFile {
     }
 }
 
+/// Refuse a write of `bytes` into the filesystem holding `dest` (or its nearest existing ancestor) when it
+/// has less free space (with 1 % + 64 MiB headroom): fail in a second, naming the file, instead of filling
+/// the disk for minutes first.
+pub fn ensure_space(dest: &Path, bytes: u64) -> Result<()> {
+    let mut probe = dest.to_path_buf();
+    while !probe.exists() {
+        match probe.parent() {
+            Some(p) if !p.as_os_str().is_empty() => probe = p.to_path_buf(),
+            _ => {
+                probe = PathBuf::from(".");
+                break;
+            }
+        }
+    }
+    let Some(free) = free_bytes(&probe) else {
+        return Ok(()); // unknown (statvfs failed): let the write report its own error
+    };
+    let need = bytes + bytes / 100 + (64 << 20);
+    if free < need {
+        return Err(Error::file(
+            dest,
+            format!(
+                "needs {:.2} GiB, {:.2} GiB free on its filesystem",
+                need as f64 / (1u64 << 30) as f64,
+                free as f64 / (1u64 << 30) as f64
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Free bytes for an unprivileged writer on the filesystem holding `p`.
+pub fn free_bytes(p: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and an owned, zeroed statvfs.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return None;
+    }
+    Some(s.f_bavail as u64 * s.f_frsize as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -541,47 +584,4 @@ mod tests {
             assert_eq!(sha, format!("{:x}", sha2::Sha256::digest(&data)));
         }
     }
-}
-
-/// Refuse a write of `bytes` into the filesystem holding `dest` (or its nearest existing ancestor) when it
-/// has less free space (with 1 % + 64 MiB headroom): fail in a second, naming the file, instead of filling
-/// the disk for minutes first.
-pub fn ensure_space(dest: &Path, bytes: u64) -> Result<()> {
-    let mut probe = dest.to_path_buf();
-    while !probe.exists() {
-        match probe.parent() {
-            Some(p) if !p.as_os_str().is_empty() => probe = p.to_path_buf(),
-            _ => {
-                probe = PathBuf::from(".");
-                break;
-            }
-        }
-    }
-    let Some(free) = free_bytes(&probe) else {
-        return Ok(()); // unknown (statvfs failed): let the write report its own error
-    };
-    let need = bytes + bytes / 100 + (64 << 20);
-    if free < need {
-        return Err(Error::file(
-            dest,
-            format!(
-                "needs {:.2} GiB, {:.2} GiB free on its filesystem",
-                need as f64 / (1u64 << 30) as f64,
-                free as f64 / (1u64 << 30) as f64
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// Free bytes for an unprivileged writer on the filesystem holding `p`.
-pub fn free_bytes(p: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid C string and an owned, zeroed statvfs.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return None;
-    }
-    Some(s.f_bavail as u64 * s.f_frsize as u64)
 }

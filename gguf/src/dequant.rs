@@ -9,7 +9,7 @@ use half::{bf16, f16};
 /// `bytes` of type `ty` as f32 values into `out` (cleared first).
 pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut Vec<f32>) -> Result<(), GgmlError> {
     let bb = ty.info().block_bytes;
-    if bytes.len() % bb != 0 {
+    if !bytes.len().is_multiple_of(bb) {
         return Err(GgmlError::PartialBytes {
             bytes: bytes.len(),
             ty: ty.name(),

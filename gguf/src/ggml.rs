@@ -9,7 +9,7 @@
 //! - q6_K (`quantize_row_q6_K_ref`, llama-quantize's token-embedding type): super-blocks of 256 = 16
 //!   sub-blocks of 16, each scaled by `make_qx_quants(16, 32, …, rmse_type 1)` (a weighted least-squares
 //!   search over 19 candidate grids), the 16 scales quantized to int8 under one fp16 `d`, then every value
-//!   re-quantized to 6 bits; 210 bytes per block (ql[128], qh[64], scales[16], d). `nearest_int` is ggml's
+//!   re-quantized to 6 bits; 210 bytes per block (`ql[128]`, `qh[64]`, `scales[16]`, `d`). `nearest_int` is ggml's
 //!   float trick (+12582912, round half to even), and ggml-base is compiled without FMA, so every product
 //!   and sum here is a separately rounded f32 in ggml's order (judged against libggml-base itself).
 //!
@@ -525,7 +525,7 @@ pub fn encode_into(t: GgmlType, x: &[f32], row: usize, out: &mut Vec<u8>) -> Res
         ),
         GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q6_K => {
             let blk = t.block();
-            if row % blk != 0 {
+            if !row.is_multiple_of(blk) {
                 return Err(GgmlError::RowLength { row, block: blk });
             }
             out.resize(t.bytes(x.len()), 0);
@@ -549,7 +549,7 @@ pub fn encode_bf16_into(t: GgmlType, b: &[u8], row: usize, out: &mut Vec<u8>) ->
         return Err(GgmlError::NotBlockType(t.name()));
     }
     let blk = t.block();
-    if row % blk != 0 {
+    if !row.is_multiple_of(blk) {
         return Err(GgmlError::RowLength { row, block: blk });
     }
     let n = b.len() / 2;
@@ -633,7 +633,7 @@ mod tests {
         quantize_q4_0(&x, &mut o).unwrap();
         assert_eq!(o.len(), 18);
         assert_eq!(f16::from_le_bytes([o[0], o[1]]).to_f32(), 1.0);
-        assert_eq!(o[2], 0 | (11 << 4));
+        assert_eq!(o[2], 11 << 4);
         assert_eq!(o[3], 15 | (8 << 4));
         assert_eq!(o[4], 9 | (8 << 4));
         let d = dequantize_q4_0(&o);

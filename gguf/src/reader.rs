@@ -315,7 +315,7 @@ impl GgufFile {
             .iter()
             .try_fold(1u64, |a, &d| a.checked_mul(d))
             .ok_or_else(|| e(format!("dims {ne:?} overflow")))?;
-        if ne[0] % ty.block() as u64 != 0 {
+        if !ne[0].is_multiple_of(ty.block() as u64) {
             return Err(e(format!(
                 "row of {} is not whole {} blocks",
                 ne[0],

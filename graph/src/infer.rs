@@ -159,7 +159,7 @@ fn reshape(x: &TensorType, shape: &[i64]) -> Result<TensorType, InferError> {
     }
     let p: usize = out.iter().product();
     if let Some(i) = infer_at {
-        if p == 0 || n % p != 0 {
+        if p == 0 || !n.is_multiple_of(p) {
             return invalid(format!("cannot reshape {:?} to {shape:?}", x.shape));
         }
         out[i] = n / p;

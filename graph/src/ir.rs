@@ -170,7 +170,7 @@ pub struct Node {
 /// Where an initializer's values come from.
 #[derive(Debug, Clone, Serialize)]
 pub enum InitSource {
-    /// A checkpoint tensor (prefix-relative name), optionally transposed (2-D: [out,in] → [in,out] for MatMul).
+    /// A checkpoint tensor (prefix-relative name), optionally transposed (2-D: `[out, in]` → `[in, out]` for MatMul).
     Weight {
         tensor: String,
         transpose: bool,

@@ -1,5 +1,5 @@
 //! Deployable graphs: the IR ([`ir`]), the builders that lower a Gemma-4 config into decode/trunk graphs
-//! ([`build`]), and the CPU interpreter every transformation is checked with ([`interp`]).
+//! ([`mod@build`]), and the CPU interpreter every transformation is checked with ([`interp`]).
 
 pub mod build;
 pub mod infer;

@@ -59,7 +59,7 @@ fn merges(tokens: &[String], vocab: &HashMap<&str, usize>) -> Vec<(String, Strin
     }
     // sorted(..., key=(score, len(l), len(r)), reverse=True) is stable: a descending stable sort.
     let clen = |s: &str| s.chars().count();
-    all.sort_by(|a, b| (b.2, clen(b.0), clen(b.1)).cmp(&(a.2, clen(a.0), clen(a.1))));
+    all.sort_by_key(|a| std::cmp::Reverse((a.2, clen(a.0), clen(a.1))));
     all.into_iter()
         .map(|(l, r, _)| (l.to_string(), r.to_string()))
         .collect()

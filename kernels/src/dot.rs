@@ -313,21 +313,21 @@ fn running_m1(x: &[f32], b: &[f32], o: usize, sk: usize, n: usize, y: &mut [f32]
             let s = x0 * b0[j] + x1 * b1[j];
             let s = s + x2 * b2[j];
             let s = s + x3 * b3[j];
-            y[j] = s + y[j];
+            y[j] += s;
         }
     }
     let mut g = k4;
     if k - g >= 2 {
         let (x0, x1, b0, b1) = (x[g], x[g + 1], row(g), row(g + 1));
         for j in 0..n {
-            y[j] = (x0 * b0[j] + x1 * b1[j]) + y[j];
+            y[j] += x0 * b0[j] + x1 * b1[j];
         }
         g += 2;
     }
     if k - g == 1 {
         let (x0, b0) = (x[g], row(g));
         for j in 0..n {
-            y[j] = x0 * b0[j] + y[j];
+            y[j] += x0 * b0[j];
         }
     }
 }

@@ -1,5 +1,8 @@
 //! onnxruntime's CPU Sigmoid (MLAS's logistic), bit for bit.
 
+// The constants are MLAS's literals as its sources spell them (more digits than f32 holds): kept verbatim.
+#![allow(clippy::excessive_precision, clippy::approx_constant)]
+
 /// MLAS's logistic (onnxruntime's CPU Sigmoid: Eigen's rational approximation, `LogisticKernelFma3` on
 /// AVX2 machines): clamp to ±18, p(x)/q(x²) by fused multiply-adds, + 0.5, clamp to [0, 1]. Not correctly
 /// rounded (1 ulp off 1/(1+e^-x) on half the inputs, ~1e-8 absolute below −16) — but the exported QDQ graph

@@ -7,7 +7,7 @@
 /// onnxruntime's — each a possible step flip of the 1/rms tensor in the exported graph. Measured against
 /// onnxruntime 1.32 (tests/judges/mlas_order.py).
 pub fn mean_row(row: &[f32]) -> f32 {
-    debug_assert!(row.len() % 8 == 0);
+    debug_assert!(row.len().is_multiple_of(8));
     let mut lanes = [0f32; 8];
     for (i, &v) in row.iter().enumerate() {
         lanes[i % 8] += v;

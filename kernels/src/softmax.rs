@@ -5,6 +5,9 @@
 //! Masked entries (x − max ≤ −88.38) give ~6e-39, not 0: a padded ring adds nothing a sum of order 1 can
 //! hold, so rows still sum to the same bits whatever the ring length.
 
+// The constants are MLAS's literals as its sources spell them (more digits than f32 holds): kept verbatim.
+#![allow(clippy::excessive_precision, clippy::approx_constant)]
+
 /// One row of onnxruntime's CPU Softmax over the last axis (the interpreter's `Softmax`).
 ///
 /// onnxruntime picks its softmax kernel by the CPU, and so does this: on AVX-512F machines its sum of exps

@@ -625,7 +625,7 @@ fn layer_heads(
     }
     let hq = t.num_attention_heads;
     for i in 0..n {
-        if kvh[i] == 0 || hq % kvh[i] != 0 {
+        if kvh[i] == 0 || !hq.is_multiple_of(kvh[i]) {
             let m = format!(
                 "layer {i}: {} KV heads do not divide {hq} query heads",
                 kvh[i]

@@ -496,7 +496,7 @@ impl Model {
         }
         cache.len += s;
         let out = rms_norm(&h, Some(&self.final_norm), eps)?;
-        if let Some(t) = trace.as_deref_mut() {
+        if let Some(t) = trace {
             t.push(out.clone());
         }
         Ok(out)

@@ -25,7 +25,7 @@ pub struct Prefix {
     /// The token the prefix stands for (config's bos_token_id).
     pub token: u32,
     pub kv: Vec<PrefixKv>,
-    /// Final (normed) hidden state at position 0 [H].
+    /// Final (normed) hidden state at position 0 `[H]`.
     pub hidden: Vec<f32>,
 }
 

@@ -89,10 +89,9 @@ pub fn tokenizer_files(vocab: usize) -> Result<Vec<(&'static str, String)>> {
             "synth: vocab_size {vocab} is smaller than the bundled tokenizer's {have} pieces (it holds the Gemma-4 special ids up to 4368)"
         )));
     }
-    let mut n = v.keys().filter(|k| k.starts_with("<unused")).count();
-    for id in have..vocab {
-        v.insert(format!("<unused{n}>"), id.into());
-        n += 1;
+    let n = v.keys().filter(|k| k.starts_with("<unused")).count();
+    for (k, id) in (have..vocab).enumerate() {
+        v.insert(format!("<unused{}>", n + k), id.into());
     }
     Ok(vec![
         ("tokenizer.json", serde_json::to_string(&tj).unwrap()),

@@ -484,7 +484,7 @@ pub fn safetensors_header(
         off += n;
     }
     let mut hj = serde_json::to_vec(&serde_json::Value::Object(hdr)).expect("a JSON map");
-    while hj.len() % 8 != 0 {
+    while !hj.len().is_multiple_of(8) {
         hj.push(b' ');
     }
     let mut out = (hj.len() as u64).to_le_bytes().to_vec();

@@ -12,6 +12,7 @@
 //!   `min = offset·scale`, `max = 127·scale`;
 //! - quantize `q = clamp(round(x/scale) - offset, 0, 2^bw-1)`, dequantize `(q + offset)·scale` (QNN's
 //!   convention: real = scale·(q + offset), offset ≤ 0).
+//!
 //! Gemma-4 has no biases, so no int32 bias encodings are emitted (the rule would be scale_act × scale_w).
 //!
 //! One deliberate departure from plain min-max, on by default (`Scheme::mask_floor`): a masked softmax input

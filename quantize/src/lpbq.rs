@@ -68,7 +68,7 @@ pub struct Lpbq {
 /// as numpy computes it on libpymo's double scales). `w` is [out, in] row-major; `in` must divide by `block`.
 pub fn encode(w: &[f32], cols: usize, block: usize, bw: u32, scale_bits: u32) -> Lpbq {
     assert!(
-        cols % block == 0,
+        cols.is_multiple_of(block),
         "{cols} inputs are not a multiple of block {block}"
     );
     let nb = cols / block;

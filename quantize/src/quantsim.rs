@@ -264,7 +264,7 @@ impl FakeQuant {
             return None;
         }
         let w = t.t().ok()?.contiguous().ok()?; // [out, in] rows
-        let me = &*self;
+        let me = self;
         let v: Vec<f32> = w.flatten_all().ok()?.to_vec1().ok()?;
         let cols = v.len() / out;
         let q: Vec<f32> = v

@@ -242,7 +242,7 @@ impl GraphBackend {
         Ok(())
     }
 
-    /// One token through the decode graph; returns the final hidden state [H].
+    /// One token through the decode graph; returns the final hidden state `[H]`.
     pub fn step(&mut self, id: u32) -> Result<Vec<f32>> {
         self.check_room(1)?;
         if let Some(h) = self.take_prefix(&[id])? {
@@ -262,7 +262,7 @@ impl GraphBackend {
         Ok(h)
     }
 
-    /// Up to SEQ tokens through the trunk; returns the hidden states of the real tokens [n][H].
+    /// Up to SEQ tokens through the trunk; returns the hidden states of the real tokens `[n][H]`.
     pub fn chunk(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>> {
         let seq = self.trunk.as_ref().unwrap().graph.inputs[0].ty.shape[1];
         assert!(!ids.is_empty() && ids.len() <= seq);

@@ -1,6 +1,6 @@
 //! The host side of an exported build, read from its `host-model/` directory alone (no checkpoint): token
 //! and per-layer embedding rows from the mapped files (bf16/f16/f32 or int8/int4 per row), the tied lm_head
-//! + `30·tanh(x/30)` softcap, the tokenizer and config. Every backend that runs exported artifacts (ort,
+//! and `30·tanh(x/30)` softcap, the tokenizer and config. Every backend that runs exported artifacts (ort,
 //! qnn) uses it; files are checked against the sidecar's byte lengths before use.
 
 use crate::Error;
@@ -265,7 +265,7 @@ impl HostFiles {
         Ok(())
     }
 
-    /// `inputs_embeds` row for one token [H].
+    /// `inputs_embeds` row for one token `[H]`.
     pub fn embed(&self, id: u32) -> Result<Vec<f32>> {
         self.check(id)?;
         Ok(self.embed.row(id as usize))

@@ -567,7 +567,7 @@ impl OrtBackend {
                 .map_err(|e| oe(&present, e))?;
         }
         // hidden_states: one resident buffer per graph as well.
-        if !self.hidden.contains_key(&trunk) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.hidden.entry(trunk) {
             let shape: Vec<i64> = g
                 .session
                 .outputs()
@@ -584,7 +584,7 @@ impl OrtBackend {
                 shape.iter().map(|&d| d.max(1) as usize).collect::<Vec<_>>(),
             )
             .map_err(|e| oe("hidden buffer", e))?;
-            self.hidden.insert(trunk, t);
+            e.insert(t);
         }
         let hbuf = self.hidden.get_mut(&trunk).unwrap();
         bind.bind_output("hidden_states", &mut *hbuf)
@@ -657,7 +657,7 @@ impl OrtBackend {
         Some(p.hidden.clone())
     }
 
-    /// One token through the decode graph; returns the final hidden state [H].
+    /// One token through the decode graph; returns the final hidden state `[H]`.
     pub fn step(&mut self, id: u32) -> Result<Vec<f32>> {
         if self.pos + 1 > self.context {
             return Err(Error::ContextFull(format!("at position {}", self.pos)));

@@ -103,7 +103,7 @@ pub struct CompileCfg {
     /// One weight-shared context binary per target for decode_wgqa + trunk (their own binaries too).
     #[serde(default)]
     pub shared: bool,
-    /// A Genie bundle per target from the shared binary (`hexq genie`): genie/<target>/.
+    /// A Genie bundle per target from the shared binary (`hexq genie`): `genie/<target>/`.
     #[serde(default)]
     pub genie: bool,
 }

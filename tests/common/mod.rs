@@ -217,7 +217,7 @@ pub fn dequantized_checkpoint(src: &Path, dst: &Path) {
         header.insert(name.to_string(), serde_json::json!({"dtype": "F32", "shape": info.shape, "data_offsets": [start, data.len()]}));
     }
     let mut h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();

@@ -42,8 +42,8 @@ pub struct GenieArgs {
 }
 
 fn read(p: &Path) -> Result<Value> {
-    let s = std::fs::read_to_string(p).at(&p)?;
-    serde_json::from_str(&s).map_err(|e| Error::file(&p, format!("invalid JSON: {e}")))
+    let s = std::fs::read_to_string(p).at(p)?;
+    serde_json::from_str(&s).map_err(|e| Error::file(p, format!("invalid JSON: {e}")))
 }
 
 /// A graph input's encoding from the io-contract, as (scale, offset) with real = (q + offset)·scale.
@@ -59,7 +59,7 @@ fn input_encoding(io: &Value, name: &str, io_path: &Path) -> Result<Option<(f64,
     let e = &t["encoding"];
     match (e["scale"].as_f64(), e["offset"].as_i64(), e["bitwidth"].as_u64()) {
         (Some(s), Some(o), Some(b)) => Ok(Some((s, o, b as u32))),
-        _ => return Err(Error::file(&io_path, format!("input {name} has no encoding (a Genie LUT needs the quantized build's input encoding)"))),
+        _ => Err(Error::file(io_path, format!("input {name} has no encoding (a Genie LUT needs the quantized build's input encoding)"))),
     }
 }
 
@@ -238,7 +238,7 @@ fn write_lut(src: &Path, mult: f32, enc: (f64, i64, u32), dst: &Path) -> Result<
         offset,
         scale,
     };
-    let mut r = BufReader::with_capacity(1 << 20, std::fs::File::open(src).at(&src)?);
+    let mut r = BufReader::with_capacity(1 << 20, std::fs::File::open(src).at(src)?);
     let mut w = BufWriter::with_capacity(1 << 20, std::fs::File::create(dst).at(dst)?);
     let mut buf = vec![0u8; 1 << 20];
     let (mut n, mut carry) = (0u64, 0usize);
@@ -247,7 +247,7 @@ fn write_lut(src: &Path, mult: f32, enc: (f64, i64, u32), dst: &Path) -> Result<
         if k == 0 {
             if carry != 0 {
                 return Err(Error::file(
-                    &src,
+                    src,
                     "length is not a whole number of f32 values",
                 ));
             }

@@ -266,7 +266,7 @@ fn ty_ok(v: &Value, t: Ty) -> bool {
     }
 }
 
-/// Check a genie_config.json against [`SCHEMA`] and [`ENUMS`] the way Genie does: every mandatory field
+/// Check a genie_config.json against [`SCHEMA`] and `ENUMS` the way Genie does: every mandatory field
 /// present, no unknown key, each value of its type, `version` = 1, a `lut` embedding has a `lut-path`.
 /// Returns every problem found, each naming the JSON path.
 pub fn validate(cfg: &Value) -> Vec<String> {

@@ -86,7 +86,7 @@ fn q4_group(x: &mut [f32]) -> f32 {
 /// (strict=False): a weight whose input dimension the block does not divide keeps the per-channel int4 grid.
 pub(super) fn resolve(grid: Grid, cols: usize) -> Grid {
     match grid {
-        Grid::Lpbq(b) if cols % b != 0 => Grid::PerChannel(4),
+        Grid::Lpbq(b) if !cols.is_multiple_of(b) => Grid::PerChannel(4),
         g => g,
     }
 }
@@ -357,7 +357,8 @@ impl Hook for GridHook {
             Grid::Lpbq(b) => b,
         };
         // rowmm's groups: the whole row, or a power of two ≥ 16 dividing it.
-        let fits = group == w.inp || (group >= 16 && group.is_power_of_two() && w.inp % group == 0);
+        let fits = group == w.inp
+            || (group >= 16 && group.is_power_of_two() && w.inp.is_multiple_of(group));
         let per: Vec<Mutex<(Vec<f32>, f64, f64, bool)>> =
             (0..w.out).map(|_| Default::default()).collect();
         let grid_row = |j: usize, q: Option<&mut [i16]>, buf: &mut Vec<f32>| {

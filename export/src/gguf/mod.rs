@@ -159,7 +159,7 @@ pub fn tensor_type(
     if ne.len() < 2 {
         return GgmlType::F32;
     }
-    let row_ok = ne[0] % 32 == 0;
+    let row_ok = ne[0].is_multiple_of(32);
     match ft {
         FileType::F32 => GgmlType::F32,
         FileType::F16 => GgmlType::F16,
@@ -178,7 +178,7 @@ pub fn tensor_type(
             } else if !pure
                 && (gname == "token_embd.weight" || gname == "per_layer_token_embd.weight")
             {
-                if ne[0] % 256 == 0 {
+                if ne[0].is_multiple_of(256) {
                     GgmlType::Q6_K
                 } else {
                     GgmlType::Q8_0
@@ -586,7 +586,7 @@ fn header(kv: &[(String, Val)], plan: &[Plan]) -> Vec<u8> {
         off += p.ty.bytes(n as usize) as u64;
         off = off.div_ceil(ALIGN) * ALIGN;
     }
-    while head.len() as u64 % ALIGN != 0 {
+    while !(head.len() as u64).is_multiple_of(ALIGN) {
         head.push(0);
     }
     head

@@ -126,8 +126,7 @@ fn where_slabs(
     {
         return None;
     }
-    let cd: Vec<usize> = std::iter::repeat(1)
-        .take(r - c.rank())
+    let cd: Vec<usize> = std::iter::repeat_n(1, r - c.rank())
         .chain(c.dims().iter().copied())
         .collect();
     let a = cd.iter().position(|&d| d > 1)?;

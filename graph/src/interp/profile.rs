@@ -18,7 +18,7 @@ pub fn profile_report() -> Option<String> {
     let mut v: Vec<_> = m.iter().collect();
     v.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
     let total: f64 = v.iter().map(|x| x.1 .0).sum();
-    let mut s = format!("| op | seconds | share | calls |\n|---|---|---|---|\n");
+    let mut s = "| op | seconds | share | calls |\n|---|---|---|---|\n".to_string();
     for (k, (t, n)) in v {
         s += &format!(
             "| {k} | {t:.2} | {:.1} % | {n} |\n",

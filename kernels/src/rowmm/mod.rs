@@ -131,7 +131,7 @@ fn groups(group: usize, inp: usize) -> (usize, u32) {
         return (1, 31); // k < 2^31: every k in group 0
     }
     assert!(
-        group >= LANES && group.is_power_of_two() && inp % group == 0,
+        group >= LANES && group.is_power_of_two() && inp.is_multiple_of(group),
         "rowmm: group {group} must be a power of two ≥ {LANES} dividing {inp}"
     );
     (inp / group, group.trailing_zeros())
@@ -200,7 +200,7 @@ impl RowWeight {
             rows: Rows::ints(q, scale, group, inp),
         }
     }
-    /// Integer rows made row by row straight into their stored form (see [`Rows::ints_with`]).
+    /// Integer rows made row by row straight into their stored form (one byte a value in panel order when every integer fits, else two).
     pub fn ints_with(
         out: usize,
         inp: usize,
@@ -340,15 +340,15 @@ pub fn dot_m1(x: &[f32], w: &[f32]) -> f32 {
         let s = x[g] * w[g] + x[g + 1] * w[g + 1];
         let s = s + x[g + 2] * w[g + 2];
         let s = s + x[g + 3] * w[g + 3];
-        c = s + c;
+        c += s;
     }
     let mut g = k4;
     if k - g >= 2 {
-        c = (x[g] * w[g] + x[g + 1] * w[g + 1]) + c;
+        c += x[g] * w[g] + x[g + 1] * w[g + 1];
         g += 2;
     }
     if k - g == 1 {
-        c = x[g] * w[g] + c;
+        c += x[g] * w[g];
     }
     c
 }
