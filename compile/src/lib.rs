@@ -9,6 +9,8 @@
 //!
 //! Per-target settings come from one table, compile-scripts/htp_targets.json (embedded). Outputs land in the
 //! export directory atomically (temp dir, then rename), and are recorded in manifest.json and SHA256SUMS.
+//!
+//! May import: model, runtime (manifests, the raw-input run), quantize, fsutil; errors are this crate's own [`Error`].
 
 mod error;
 pub mod genie;

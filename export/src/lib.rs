@@ -3,6 +3,8 @@
 //! files, the I/O contract, and a manifest hashing every file. GGUF lives in [`gguf`].
 //!
 //! One entry point: [`export`] writes everything for one variant into a (staging) directory.
+//!
+//! May import: model, graph, quantize (encodings), gguf, fsutil; never compile or eval.
 
 pub mod gguf;
 pub mod host;

@@ -1,6 +1,8 @@
 //! Atomic outputs: every artifact is written under a temporary name beside its destination and renamed into
 //! place only when complete, so a failure never leaves a half-written file or directory behind; and the
 //! SHA256 helpers that manifests and stats use to name their inputs and outputs.
+//!
+//! May import: std, libc, sha2, rayon — no other hexq crate (every writer of every stage stands on it).
 
 /// What went wrong, and with which file.
 #[derive(Debug, thiserror::Error)]

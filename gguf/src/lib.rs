@@ -5,6 +5,8 @@
 //!   ggml-quants.c, bit for bit;
 //! - [`dequant`]: dequantizers for F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, bit-identical to gguf-py;
 //! - [`reader`]: a bounds-checked GGUF reader (header, key-values, tensor infos, mapped data).
+//!
+//! May import: std, half, memmap2 — no other hexq crate: the format's facts, read and written by model, export and import.
 
 pub mod dequant;
 pub mod ggml;

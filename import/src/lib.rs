@@ -6,6 +6,8 @@
 //! inverted ([`hexq_model::names::GLOBAL_TENSORS`], `LAYER_TENSORS`), and llama.cpp's norm offset is undone
 //! (its Gemma converter stores every RMSNorm weight as 1 + w; `w = stored − 1` in f32, as transformers'
 //! GGUF loader computes it). Written in phases into a directory the caller renames into place.
+//!
+//! May import: model (the tensor table, tokenizer files), gguf (reader, dequantizers), fsutil.
 
 pub mod config;
 pub mod tokenizer;

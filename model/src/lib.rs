@@ -7,6 +7,8 @@
 //! - [`prefix`]: the BOS position computed on the host (device graphs start at position 1);
 //! - [`chat`]: tokenizer and chat template; [`spm`]: SentencePiece's `tokenizer.model`;
 //! - [`synth`]: random-weight checkpoints at any config (full-size benchmarks without the real weights).
+//!
+//! May import: fsutil, kernels (bf16 widening) and the format crates (safetensors, tokenizers, minijinja, candle); never a later stage.
 
 pub mod chat;
 pub mod checkpoint;

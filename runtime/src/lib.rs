@@ -5,6 +5,8 @@
 //! Backends: `cpu` (the reference forward), `graph` (IR interpreter), `ort` (exported ONNX in onnxruntime,
 //! host side from host-model/), `qnn` (the compiled context binary on QNN HTP through onnxruntime-qnn;
 //! the simulator on x86-64), `llama` (a GGUF in llama.cpp).
+//!
+//! May import: model, graph, kernels, fsutil; never calibrate, quantize or later (they stand on it).
 
 pub mod error;
 pub mod graph;
