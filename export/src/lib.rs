@@ -10,6 +10,7 @@ pub mod gguf;
 pub mod host;
 pub mod onnx;
 pub mod onnx_proto;
+mod qdq;
 
 use hexq_graph::{build, Graph, GraphOptions, Variant};
 use hexq_model::{Checkpoint, Error, Result};

@@ -11,7 +11,9 @@
 //! `real = scale·(q − zero_point)`: asymmetric → unsigned storage, `zero_point = −offset`; symmetric →
 //! signed storage, `zero_point = −offset − 2^(bw−1)` (0 for the usual −128 / −32768).
 
+pub use crate::onnx_proto::elem;
 use crate::onnx_proto::*;
+use crate::qdq::*;
 use hexq_graph::ir::{DType, Graph, InitSource, Initializer, Node, Op, ValueInfo, OPSET};
 use hexq_model::{Checkpoint, Error, Result};
 use hexq_quantize::{Encoding, Encodings};
@@ -26,21 +28,6 @@ const ALIGN: u64 = 4096;
 const MAX_DATA_FILE: u64 = 1 << 30;
 /// Float constants at least this large go to external data.
 const EXTERNAL_MIN_BYTES: usize = 4096;
-
-/// ONNX `TensorProto.DataType` (onnx.proto): the element types hexq writes.
-pub mod elem {
-    pub const FLOAT: i32 = 1;
-    pub const UINT8: i32 = 2;
-    pub const INT8: i32 = 3;
-    pub const UINT16: i32 = 4;
-    pub const INT16: i32 = 5;
-    pub const INT32: i32 = 6;
-    pub const INT64: i32 = 7;
-    pub const BOOL: i32 = 9;
-    pub const FLOAT16: i32 = 10;
-    pub const BFLOAT16: i32 = 16;
-    pub const INT4: i32 = 22;
-}
 
 /// ONNX `AttributeProto.AttributeType`.
 mod attr_type {
@@ -190,52 +177,6 @@ impl Default for ExportOptions<'_> {
             progress: None,
             calibration: None,
         }
-    }
-}
-
-/// Whether an encoding is stored signed: every symmetric grid (int8 weights; the 16-bit KV / second-MatMul-
-/// input groups as int16, zero point 0 — what HTP's MatMul takes exactly; the same grid stored as uint16 with
-/// zero point 32768 compiles, but HTP then tracks quantsim at cosine 0.998 instead of 0.99999 on the tiny model).
-fn signed_storage(e: &Encoding) -> bool {
-    e.is_symmetric
-}
-
-/// ONNX storage of an AIMET encoding: (element type, zero point).
-pub fn onnx_qtype(e: &Encoding) -> Result<(i32, i64)> {
-    let (signed, unsigned) = match e.bitwidth {
-        1..=8 => (elem::INT8, elem::UINT8),
-        9..=16 => (elem::INT16, elem::UINT16),
-        b => {
-            return Err(Error::Encoding {
-                tensor: String::new(),
-                msg: format!("bitwidth {b} has no ONNX QDQ type"),
-            })
-        }
-    };
-    Ok(if signed_storage(e) {
-        (signed, -e.offset - (1i64 << (e.bitwidth - 1)))
-    } else {
-        (unsigned, -e.offset)
-    })
-}
-
-/// Quantize param `x` on `e`'s grid into its storage integer ([`Encoding::quantize_param`]'s rounding).
-fn quant_store(e: &Encoding, x: f32) -> i64 {
-    let q = e.quantize_param(x);
-    if signed_storage(e) {
-        q - (1i64 << (e.bitwidth - 1))
-    } else {
-        q
-    }
-}
-
-fn int_bytes(ty: i32, v: impl Iterator<Item = i64>) -> Vec<u8> {
-    match ty {
-        elem::UINT8 => v.map(|q| q as u8).collect(),
-        elem::INT8 => v.map(|q| q as i8 as u8).collect(),
-        elem::UINT16 => v.flat_map(|q| (q as u16).to_le_bytes()).collect(),
-        elem::INT16 => v.flat_map(|q| (q as i16).to_le_bytes()).collect(),
-        _ => unreachable!(),
     }
 }
 

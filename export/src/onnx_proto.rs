@@ -140,3 +140,18 @@ pub struct ModelProto {
     #[prost(message, repeated, tag = "14")]
     pub metadata_props: Vec<StringStringEntryProto>,
 }
+
+/// ONNX `TensorProto.DataType` (onnx.proto): the element types hexq writes.
+pub mod elem {
+    pub const FLOAT: i32 = 1;
+    pub const UINT8: i32 = 2;
+    pub const INT8: i32 = 3;
+    pub const UINT16: i32 = 4;
+    pub const INT16: i32 = 5;
+    pub const INT32: i32 = 6;
+    pub const INT64: i32 = 7;
+    pub const BOOL: i32 = 9;
+    pub const FLOAT16: i32 = 10;
+    pub const BFLOAT16: i32 = 16;
+    pub const INT4: i32 = 22;
+}
