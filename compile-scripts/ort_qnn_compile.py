@@ -13,6 +13,7 @@ usage: ort_qnn_compile.py MODEL.onnx OUT_DIR --target v79|v81|v75 [--name NAME] 
 import argparse
 import json
 import os
+import pathlib
 import re
 import sys
 import tempfile
@@ -48,7 +49,7 @@ def main():
     bin_stem = a.bin_name if shared else names[0]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".ortqnn-", dir=out))
+    work = Path(tempfile.mkdtemp(prefix=".ortqnn-", dir=out)).resolve()
     ort.register_execution_provider_library(oq.EP_NAME, oq.get_library_path())
     devs = [d for d in ort.get_ep_devices() if d.ep_name == oq.EP_NAME]
     if not devs:
@@ -131,7 +132,20 @@ def compile_one(ort, onnx, so, model, ctx):
     err = None
     t0 = time.time()
     try:
-        ort.InferenceSession(model, so)
+        # From bytes, not from the path: onnxruntime names each compiled partition (and so the QNN graph in
+        # the context binary) after a hash of the model's path (core/framework/model_metadef_id_generator.cc),
+        # so a path-loaded export compiled in two directories gave two binaries. The external data is found
+        # through the folder option instead.
+        # The folder is given as "." from inside it: onnxruntime takes it as the model's path, and the
+        # partition name hashes whatever path it has.
+        data = pathlib.Path(model).read_bytes()
+        here = os.getcwd()
+        os.chdir(pathlib.Path(model).resolve().parent)
+        try:
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", ".")
+            ort.InferenceSession(data, so)
+        finally:
+            os.chdir(here)
     except Exception as e:
         err = str(e)
     finally:

@@ -97,7 +97,11 @@ fn missing_paths(root: &Path) -> Vec<String> {
             if let Some(item) = item {
                 let word = item.split("::").last().unwrap_or(&item);
                 // A directory's items are in its mod.rs (a module folder).
-                let file = if p.is_dir() { p.join("mod.rs") } else { p.clone() };
+                let file = if p.is_dir() {
+                    p.join("mod.rs")
+                } else {
+                    p.clone()
+                };
                 let body = std::fs::read_to_string(&file).unwrap_or_default();
                 let defined = [
                     "fn ", "struct ", "enum ", "mod ", "const ", "static ", "trait ", "type ",
