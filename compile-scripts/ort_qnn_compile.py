@@ -76,7 +76,7 @@ def main():
             if i == len(a.models) - 1:
                 so.add_session_config_entry("ep.stop_share_ep_contexts", "1")
         so.add_provider_for_devices(devs[:1], opts)
-        g = compile_one(ort, onnx, so, model, ctx)
+        g = compile_one(ort, onnx, so, model, ctx, i)
         g["name"] = name
         rep["graphs"].append(g)
         if not g["ok"]:
@@ -123,7 +123,7 @@ def main():
     print(json.dumps(rep, indent=1))
 
 
-def compile_one(ort, onnx, so, model, ctx):
+def compile_one(ort, onnx, so, model, ctx, index=0):
     """One session: compile `model` into the EPContext graph `ctx`; node placement and refusals."""
     # onnxruntime logs the refused nodes on stderr (fd 2): capture it to name them in the report.
     log = tempfile.TemporaryFile()
@@ -136,13 +136,15 @@ def compile_one(ort, onnx, so, model, ctx):
         # the context binary) after a hash of the model's path (core/framework/model_metadef_id_generator.cc),
         # so a path-loaded export compiled in two directories gave two binaries. The external data is found
         # through the folder option instead.
-        # The folder is given as "." from inside it: onnxruntime takes it as the model's path, and the
-        # partition name hashes whatever path it has.
+        # The folder is given relatively from inside it (".", then "./." for a second model sharing one
+        # context, …): onnxruntime takes it as the model's path and the partition name hashes it, so the
+        # name is the same in any directory and distinct for each graph of a shared context.
         data = pathlib.Path(model).read_bytes()
         here = os.getcwd()
         os.chdir(pathlib.Path(model).resolve().parent)
         try:
-            so.add_session_config_entry("session.model_external_initializers_file_folder_path", ".")
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                        "/".join(["."] * (index + 1)))
             ort.InferenceSession(data, so)
         finally:
             os.chdir(here)

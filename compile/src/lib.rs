@@ -142,7 +142,6 @@ fn ort_qnn(a: &Args, t: &Value, m: &Value, variant: &str) -> Result<()> {
         "onnx_sha256": sha256_file(&ctx)?,
         "nodes": rep["nodes"], "nodes_off_htp": 0,
         "onnxruntime": rep["onnxruntime"], "options": rep["options"],
-        "command": std::env::args().collect::<Vec<_>>(),
     });
     record(&a.dir, entry.clone())?;
     if a.json {

@@ -273,7 +273,7 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
         .iter()
         .map(|s| {
             Ok(
-                json!({"variant": s.variant, "dir": s.dir.display().to_string(),
+                json!({"variant": s.variant, "dir": hexq_fsutil::dir_name(&s.dir),
                       "manifest_sha256": sha256_file(&s.dir.join("manifest.json"))?}),
             )
         })
@@ -281,7 +281,6 @@ pub fn compile_shared(a: SharedArgs) -> Result<()> {
     let m = json!({
         "kind": "shared-context",
         "hexq_version": env!("CARGO_PKG_VERSION"),
-        "command": std::env::args().collect::<Vec<_>>(),
         "variants": [decode.variant, trunk.variant],
         "graph": {"context": decode.manifest["graph"]["context"], "seq": trunk.manifest["graph"]["seq"], "qdq": true},
         "source": decode.manifest["source"],

@@ -5,7 +5,7 @@
 //! - [`qnn`]: the same figures for compiled context binaries on QNN HTP (the simulator on x86-64);
 //! - [`ablate`]: weights-only grids (per-channel int8/int4, q4_0 and wider groups) side by side.
 //!
-//! May import: model, graph, kernels, runtime, calibrate, quantize, gguf; nothing imports it but the CLI.
+//! May import: model, graph, kernels, runtime, calibrate, quantize, gguf, fsutil; nothing imports it but the CLI.
 
 pub mod ablate;
 pub mod qnn;

@@ -29,8 +29,6 @@ pub struct Options<'a> {
     pub weights: onnx::WeightType,
     /// host-model/ storage; None skips it.
     pub host: Option<host::HostDType>,
-    /// argv, recorded in the manifest.
-    pub command: Vec<String>,
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
     /// A calibration graph for onnxruntime: these params fake-quantized, every float tensor an output
     /// (see [`onnx::ExportOptions::calibration`]).
@@ -386,13 +384,12 @@ pub fn export(
     }
     let manifest = json!({
         "hexq_version": env!("CARGO_PKG_VERSION"),
-        "command": o.command,
         "variant": o.variant.name(),
         "graph": {"name": g.name, "sha256": g.content_hash(), "context": o.graph.context, "seq": o.graph.seq,
                   "onnx": files[0].0, "qdq": o.qdq, "weights": format!("{:?}", o.weights).to_lowercase(),
                   "calibration": o.calibration.is_some()},
         "encodings": enc.map(|e| e.hexq.clone()),
-        "source": {"dir": ck.dir.display().to_string(), "sha256": src_hashes},
+        "source": {"dir": hexq_fsutil::dir_name(&ck.dir), "sha256": src_hashes},
         "files": hash_tree(dir, &["manifest.json"], &known)?,
     });
     write_json(&dir.join("manifest.json"), &manifest)?;

@@ -587,3 +587,23 @@ mod tests {
         }
     }
 }
+
+/// A directory as an artifact names it: its last component (where it lives is the user's business; its
+/// content is named by hashes beside it).
+pub fn dir_name(p: &Path) -> String {
+    p.components()
+        .next_back()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod portable_tests {
+    #[test]
+    fn a_directory_is_named_by_its_last_component() {
+        assert_eq!(
+            super::dir_name(std::path::Path::new("/home/u/.cache/hexq/tiny-1/")),
+            "tiny-1"
+        );
+    }
+}

@@ -114,7 +114,6 @@ pub fn import(src: &Path, dir: &Path, dtype: OutDType, progress: &dyn Fn(u64)) -
     let source = hexq_fsutil::sha256_file_cached(src)?;
     let m = serde_json::json!({
         "hexq_version": env!("CARGO_PKG_VERSION"),
-        "command": std::env::args().collect::<Vec<_>>(),
         "source": {"file": src.display().to_string(), "sha256": source, "architecture": arch},
         "weights": match dtype { OutDType::F32 => "f32", OutDType::Bf16 => "bf16" },
         "files": files.iter().map(|(f, b, h)| serde_json::json!({"path": f, "bytes": b, "sha256": h})).collect::<Vec<_>>(),

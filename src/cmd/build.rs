@@ -257,15 +257,15 @@ pub fn run(a: Args) -> Result<()> {
         stages.push(plan.gguf_stage(g)?);
     }
     std::fs::create_dir_all(out.join("stats"))?;
-    let (table, manifest_stages) = run_stages(stages, &out)?;
+    let (table, manifest_stages) = run_stages(stages, &out, &model)?;
     let mut tools = json!({"hexq": env!("CARGO_PKG_VERSION")});
     if r.compile.is_some() {
         tools["onnxruntime-qnn"] = python_version("onnxruntime_qnn").into();
         tools["onnxruntime"] = python_version("onnxruntime").into();
     }
     let manifest = json!({
-        "recipe": {"path": a.recipe.display().to_string(), "sha256": hexq_fsutil::sha256_bytes(text.as_bytes()), "parsed": r, "text": text},
-        "model": model.display().to_string(),
+        "recipe": {"path": hexq_fsutil::dir_name(&a.recipe), "sha256": hexq_fsutil::sha256_bytes(text.as_bytes()), "parsed": r, "text": text},
+        "model": hexq_fsutil::dir_name(&model),
         "tools": tools,
         // Every tool above writes the same bytes for the same inputs (two runs compared by SHA256, QNN
         // context binaries included): nothing here is excluded as nondeterministic.
@@ -464,9 +464,23 @@ impl Plan<'_> {
     }
 }
 
+/// A stage's input as keys and manifests name it, independent of where the build, the checkpoint or the
+/// working directory are: relative to the build directory (`out/…` there), `model/…` for the checkpoint's
+/// files, else as the recipe gives it (a dataset path relative to the working directory).
+fn named(p: &Path, out: &Path, model: &Path) -> String {
+    let rel = |base: &Path, tag: &str| {
+        p.strip_prefix(base)
+            .ok()
+            .map(|r| format!("{tag}/{}", r.display()))
+    };
+    rel(out, "out")
+        .or_else(|| rel(model, "model"))
+        .unwrap_or_else(|| p.display().to_string())
+}
+
 /// Each stage run unless its stamp says its inputs and outputs are unchanged: the status table and the
 /// manifest's stage entries.
-fn run_stages(stages: Vec<Stage>, out: &Path) -> Result<(Vec<Value>, Vec<Value>)> {
+fn run_stages(stages: Vec<Stage>, out: &Path, model: &Path) -> Result<(Vec<Value>, Vec<Value>)> {
     let n = stages.len();
     let mut table = Vec::new();
     let mut manifest_stages = Vec::new();
@@ -479,7 +493,7 @@ fn run_stages(stages: Vec<Stage>, out: &Path) -> Result<(Vec<Value>, Vec<Value>)
             s.settings
         );
         for p in &s.reads {
-            h += &format!("{}  {}\n", hash_path(p)?, p.display());
+            h += &format!("{}  {}\n", hash_path(p)?, named(p, out, model));
         }
         let key = hexq_fsutil::sha256_bytes(h.as_bytes());
         let stamp_p = out
@@ -524,7 +538,7 @@ fn run_stages(stages: Vec<Stage>, out: &Path) -> Result<(Vec<Value>, Vec<Value>)
         let outputs = current(&s.writes)?;
         table.push(json!({"stage": s.name, "status": status, "seconds": (t0.elapsed().as_secs_f64() * 10.0).round() / 10.0}));
         manifest_stages.push(json!({"stage": s.name, "settings": s.settings, "inputs_key": key,
-            "inputs": s.reads.iter().map(|p| Ok(json!({"path": p.display().to_string(), "sha256": hash_path(p)?}))).collect::<Result<Vec<_>>>()?,
+            "inputs": s.reads.iter().map(|p| Ok(json!({"path": named(p, out, model), "sha256": hash_path(p)?}))).collect::<Result<Vec<_>>>()?,
             "outputs": outputs.iter().map(|(p, h)| json!({"path": p, "sha256": h})).collect::<Vec<_>>()}));
     }
     Ok((table, manifest_stages))

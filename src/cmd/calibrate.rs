@@ -242,7 +242,6 @@ fn ort_engine(
             qdq: false,
             weights: hexq_export::onnx::WeightType::F32,
             host: Some(hexq_export::host::HostDType::Native),
-            command: std::env::args().collect(),
             progress: None,
             calibration: Some(params.unwrap_or(&Default::default())),
         },

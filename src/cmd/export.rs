@@ -100,7 +100,6 @@ pub fn run(a: Args) -> Result<()> {
                 Host::Int4 => Some(HostDType::Int4),
                 Host::None => None,
             },
-            command: std::env::args().collect(),
             progress: Some(&tick),
             calibration: None,
         },

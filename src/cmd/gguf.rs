@@ -55,14 +55,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     let m = json!({
         "hexq_version": env!("CARGO_PKG_VERSION"),
-        "command": std::env::args().collect::<Vec<_>>(),
         "file": out.file_name().unwrap_or_default().to_string_lossy(),
         "bytes": std::fs::metadata(out)?.len(),
         "sha256": sha,
         "type": a.ty.name(), "pure": a.pure, "tensors": plan.len(), "tensor_types": types,
         // The source's identity without a second pass over 10 GB: config.json's SHA256 and each
         // safetensors file's size and header SHA256 (names, dtypes, shapes, offsets).
-        "source": {"dir": ck.dir.display().to_string(), "identity": hexq_export::source_identity(&ck)?},
+        "source": {"dir": hexq_fsutil::dir_name(&ck.dir), "identity": hexq_export::source_identity(&ck)?},
         // No wall time here: the same inputs write a byte-identical manifest (hexq build).
     });
     let mp = PathBuf::from(format!("{}.manifest.json", out.display()));

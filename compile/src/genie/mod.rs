@@ -445,7 +445,7 @@ pub fn bundle(a: &GenieArgs) -> Result<Value> {
         "kind": "genie-bundle",
         "hexq_version": env!("CARGO_PKG_VERSION"),
         "target": target,
-        "source": {"dir": a.dir.display().to_string(), "manifest_sha256": sha256_file(&mp)?},
+        "source": {"dir": hexq_fsutil::dir_name(&a.dir), "manifest_sha256": sha256_file(&mp)?},
         "luts": luts,
         "genie_can_drive_these_graphs": diffs.is_empty(),
         "files_sha256": files,

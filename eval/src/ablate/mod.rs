@@ -193,7 +193,7 @@ pub fn ablate(
         rows.push(pass.row(cand, float)?);
     }
     Ok(Report {
-        model: ck.dir.display().to_string(),
+        model: hexq_fsutil::dir_name(&ck.dir),
         heavy_tail,
         prompts: seqs.len(),
         positions,
