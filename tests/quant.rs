@@ -117,6 +117,40 @@ fn calibrate_quantize_verify_on_the_tiny_model() {
     let ov = t.path().join("ov.json");
     std::fs::write(&ov, r#"{"rules": [{"pattern": "layers.*.mlp.*_proj.weight.T", "kind": "param", "bitwidth": 4}]}"#).unwrap();
     let (_, e4) = quantize(&["--overrides", ov.to_str().unwrap()], "enc4.json");
+    // A rule that matches no tensor (a misspelt pattern) is refused naming the file and the rule, and
+    // applied with a warning under --allow-unmatched.
+    let typo = t.path().join("typo.json");
+    std::fs::write(&typo, r#"{"rules": [{"pattern": "layers.*.mlp.*_prj.weight.T", "kind": "param", "bitwidth": 4}]}"#).unwrap();
+    let (sp, tp) = (st.to_str().unwrap(), typo.to_str().unwrap());
+    let out = t.path().join("enc-typo.json");
+    let o = hexq(
+        &[
+            "quantize",
+            "--model",
+            MODEL,
+            "--stats",
+            sp,
+            "--overrides",
+            tp,
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("typo.json")
+            && err.contains("_prj.weight.T")
+            && err.contains("matches no tensor"),
+        "{err}"
+    );
+    assert!(!out.exists(), "a refused overrides file writes nothing");
+    let (_, et) = quantize(&["--overrides", tp, "--allow-unmatched"], "enc-typo2.json");
+    assert_eq!(
+        et["param_encodings"]["layers.2.mlp.down_proj.weight.T"][0]["bitwidth"],
+        8
+    );
     assert_eq!(
         e4["param_encodings"]["layers.2.mlp.down_proj.weight.T"][0]["bitwidth"],
         4

@@ -67,6 +67,32 @@ impl Overrides {
         }
         Ok(o)
     }
+    /// The rules that match no tensor of `g` (params: its initializers; activations: its inputs and node
+    /// outputs) — most often a misspelt pattern, which would otherwise change nothing silently.
+    pub fn unmatched(&self, g: &hexq_graph::ir::Graph) -> Vec<&Rule> {
+        let params: Vec<&str> = g.initializers.iter().map(|i| i.name.as_str()).collect();
+        let acts: Vec<&str> = g
+            .inputs
+            .iter()
+            .map(|i| i.name.as_str())
+            .chain(
+                g.nodes
+                    .iter()
+                    .flat_map(|n| n.outputs.iter().map(String::as_str)),
+            )
+            .collect();
+        self.rules
+            .iter()
+            .filter(|r| {
+                let names = if r.kind == Kind::Param {
+                    &params
+                } else {
+                    &acts
+                };
+                !names.iter().any(|n| glob(&r.pattern, n))
+            })
+            .collect()
+    }
     pub(crate) fn find(&self, kind: Kind, name: &str) -> Option<&Rule> {
         self.rules
             .iter()

@@ -26,6 +26,9 @@ pub struct Args {
     /// JSON overrides: {"rules": [{"pattern": "layers.*.mlp.*_proj.weight.T", "kind": "param", "bitwidth": 4}]}
     #[arg(long)]
     pub overrides: Option<PathBuf>,
+    /// Apply an overrides file even when some of its rules match no tensor of the graph (warned, not refused).
+    #[arg(long)]
+    pub allow_unmatched: bool,
     /// Past-KV ranges from another calibration of the same model (e.g. the decode graph's stats for a trunk
     /// whose prompts never filled a second chunk): each `past_key_*`/`past_value_*` range is widened to cover
     /// that file's.
@@ -64,6 +67,7 @@ impl Args {
             int8_kv,
             full_mask_range: false,
             overrides: None,
+            allow_unmatched: false,
             kv_stats: None,
             block: 64,
             ignore_guards: false,
@@ -160,6 +164,29 @@ pub fn run(a: Args) -> Result<()> {
         Some(p) => hexq_quantize::Overrides::from_file(p)?,
         None => Default::default(),
     };
+    if let (Some(p), false) = (&a.overrides, ov.unmatched(&g).is_empty()) {
+        let bad: Vec<String> = ov
+            .unmatched(&g)
+            .iter()
+            .map(|r| {
+                format!(
+                    "{:?} ({})",
+                    r.pattern,
+                    format!("{:?}", r.kind).to_lowercase()
+                )
+            })
+            .collect();
+        let msg = format!(
+            "{}: rule {} matches no tensor of the {} graph",
+            p.display(),
+            bad.join(", "),
+            v.name()
+        );
+        if !a.allow_unmatched {
+            anyhow::bail!("{msg} (--allow-unmatched applies the file anyway)");
+        }
+        eprintln!("warning: {msg}");
+    }
     let mut sch = match a.scheme {
         Scheme::A16w8 => hexq_quantize::Scheme::a16w8(a.int8_kv),
         Scheme::W4a16Pc => hexq_quantize::Scheme::w4a16(None),
