@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import re
+import resource
 import sys
 import tempfile
 import time
@@ -92,6 +93,7 @@ def main():
         # the single-model report keeps its old top-level fields
         if not shared:
             rep.update({k: rep["graphs"][0][k] for k in ("nodes_off_htp", "reasons", "nodes") if k in rep["graphs"][0]})
+        rep["peak_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         print(json.dumps(rep, indent=1))
         for f in work.iterdir():
             f.unlink()
@@ -120,6 +122,8 @@ def main():
     if not shared:
         g = rep["graphs"][0]
         rep.update({"model": a.models[0], "onnx": g["onnx"], "nodes": g["nodes"], "nodes_off_htp": g["nodes_off_htp"]})
+    # for the caller's stage table (hexq build), never written into an artifact
+    rep["peak_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps(rep, indent=1))
 
 

@@ -222,6 +222,9 @@ pub(crate) fn run_script(cmd: &[String], onnx: &Path) -> Result<Value> {
     if !status.success() {
         rep["ok"] = false.into();
     }
+    if let Some(k) = rep["peak_rss_kib"].as_u64() {
+        hexq_fsutil::rss::note_child(k);
+    }
     Ok(rep)
 }
 

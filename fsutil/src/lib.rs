@@ -34,6 +34,7 @@ impl Error {
 pub type Result<T> = std::result::Result<T, Error>;
 use std::path::{Path, PathBuf};
 
+pub mod rss;
 pub mod signals;
 
 /// A directory being built at `<dest>.tmp-<pid>`; `commit` renames it to `dest`. Dropped uncommitted, it is removed.
@@ -597,8 +598,70 @@ pub fn dir_name(p: &Path) -> String {
         .unwrap_or_default()
 }
 
+/// Large files of one job with the same bytes as a file met before become hard links to it: a build's four
+/// copies of a 5 GB host model (each export directory stays self-contained) take the disk once. Files under
+/// 1 MiB, and files a link cannot be made for (another file system), are left alone. Returns the bytes saved.
+/// Safe because every hexq writer replaces a file by rename, never rewrites one in place.
+pub fn link_identical(
+    files: &[PathBuf],
+    seen: &mut std::collections::HashMap<(u64, String), PathBuf>,
+) -> Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut saved = 0;
+    for f in files {
+        let m = std::fs::metadata(f).map_err(|e| Error::io(f, e))?;
+        if m.len() < 1 << 20 {
+            continue;
+        }
+        let key = (m.len(), sha256_file_cached(f)?);
+        match seen.get(&key) {
+            None => {
+                seen.insert(key, f.clone());
+            }
+            Some(first) => {
+                let fm = std::fs::metadata(first).map_err(|e| Error::io(first, e))?;
+                if (fm.dev(), fm.ino()) == (m.dev(), m.ino()) {
+                    continue;
+                }
+                let tmp = f.with_extension(format!("link-{}", std::process::id()));
+                let _ = std::fs::remove_file(&tmp);
+                if std::fs::hard_link(first, &tmp).is_ok() {
+                    std::fs::rename(&tmp, f).map_err(|e| Error::io(f, e))?;
+                    saved += m.len();
+                }
+            }
+        }
+    }
+    Ok(saved)
+}
+
 #[cfg(test)]
 mod portable_tests {
+    #[test]
+    fn identical_large_files_become_one_inode() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        let big = vec![7u8; 2 << 20];
+        let mut other = big.clone();
+        other[5] = 8;
+        let names = ["a", "b", "c", "small1", "small2"];
+        let bodies: [&[u8]; 5] = [&big, &big, &other, b"x", b"x"];
+        for (n, b) in names.iter().zip(bodies) {
+            std::fs::write(d.join(n), b).unwrap();
+        }
+        let files: Vec<_> = names.iter().map(|n| d.join(n)).collect();
+        let mut seen = Default::default();
+        assert_eq!(super::link_identical(&files, &mut seen).unwrap(), 2 << 20);
+        let ino = |n: &str| std::fs::metadata(d.join(n)).unwrap().ino();
+        assert_eq!(ino("a"), ino("b"));
+        assert_ne!(ino("a"), ino("c"));
+        assert_ne!(ino("small1"), ino("small2"));
+        assert_eq!(std::fs::read(d.join("b")).unwrap(), big);
+        // A second pass finds nothing left to link.
+        assert_eq!(super::link_identical(&files, &mut seen).unwrap(), 0);
+    }
+
     #[test]
     fn a_directory_is_named_by_its_last_component() {
         assert_eq!(

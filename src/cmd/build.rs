@@ -484,6 +484,8 @@ fn run_stages(stages: Vec<Stage>, out: &Path, model: &Path) -> Result<(Vec<Value
     let n = stages.len();
     let mut table = Vec::new();
     let mut manifest_stages = Vec::new();
+    let mut seen = std::collections::HashMap::new();
+    let mut saved = 0u64;
     for (k, s) in stages.into_iter().enumerate() {
         let mut h = String::new();
         h += &format!(
@@ -514,8 +516,10 @@ fn run_stages(stages: Vec<Stage>, out: &Path, model: &Path) -> Result<(Vec<Value
             _ => false,
         };
         let t0 = std::time::Instant::now();
+        hexq_fsutil::rss::reset();
         let status = if fresh {
             eprintln!("[{}/{n}] {}: up to date", k + 1, s.name);
+            hexq_fsutil::link_identical(&build_files(out)?, &mut seen)?;
             "reused"
         } else {
             eprintln!("[{}/{n}] {}", k + 1, s.name);
@@ -525,6 +529,8 @@ fn run_stages(stages: Vec<Stage>, out: &Path, model: &Path) -> Result<(Vec<Value
             let r = (s.run)().with_context(|| format!("stage {}", s.name));
             drop(quiet);
             r?;
+            // After every stage, not once at the end: at E2B size the copies would not fit the disk.
+            saved += hexq_fsutil::link_identical(&build_files(out)?, &mut seen)?;
             let outputs = current(&s.writes)?;
             write_atomic(
                 &stamp_p,
@@ -536,12 +542,31 @@ fn run_stages(stages: Vec<Stage>, out: &Path, model: &Path) -> Result<(Vec<Value
             "ran"
         };
         let outputs = current(&s.writes)?;
-        table.push(json!({"stage": s.name, "status": status, "seconds": (t0.elapsed().as_secs_f64() * 10.0).round() / 10.0}));
+        let peak = (status == "ran")
+            .then(hexq_fsutil::rss::peak_kib)
+            .flatten()
+            .map(|k| (k as f64 / 1024.0).round());
+        table.push(json!({"stage": s.name, "status": status, "seconds": (t0.elapsed().as_secs_f64() * 10.0).round() / 10.0, "peak_rss_mib": peak}));
         manifest_stages.push(json!({"stage": s.name, "settings": s.settings, "inputs_key": key,
             "inputs": s.reads.iter().map(|p| Ok(json!({"path": named(p, out, model), "sha256": hash_path(p)?}))).collect::<Result<Vec<_>>>()?,
             "outputs": outputs.iter().map(|(p, h)| json!({"path": p, "sha256": h})).collect::<Vec<_>>()}));
     }
+    if saved > 0 {
+        eprintln!(
+            "{:.2} GB of identical outputs stored once (hard links)",
+            saved as f64 / 1e9
+        );
+    }
     Ok((table, manifest_stages))
+}
+
+/// Every file of the build directory but the stamps.
+fn build_files(out: &Path) -> Result<Vec<PathBuf>> {
+    Ok(hexq_fsutil::list_files(out)?
+        .into_iter()
+        .filter(|f| !f.starts_with(".stamps"))
+        .map(|f| out.join(f))
+        .collect())
 }
 
 /// The stage table: JSON on stdout, or markdown on stderr.
@@ -554,13 +579,16 @@ fn report(json: bool, table: &[Value], out: &Path) -> Result<()> {
             )?
         );
     } else {
-        eprintln!("\n| stage | status | seconds |\n|---|---|---|");
+        eprintln!("\n| stage | status | seconds | peak RSS (MiB) |\n|---|---|---|---|");
         for t in table {
             eprintln!(
-                "| {} | {} | {} |",
+                "| {} | {} | {} | {} |",
                 t["stage"].as_str().unwrap_or(""),
                 t["status"].as_str().unwrap_or(""),
-                t["seconds"]
+                t["seconds"],
+                t["peak_rss_mib"]
+                    .as_f64()
+                    .map_or("–".into(), |m| m.to_string())
             );
         }
         eprintln!("{} (build-manifest.json)", out.display());
