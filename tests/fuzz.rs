@@ -167,6 +167,80 @@ fn fuzz_safetensors_header_and_store() {
     });
 }
 
+/// The header rules are the `safetensors` crate's: headers mutated as JSON (hostile values, tensors' offsets
+/// shifted, data trimmed or padded), and hexq must accept exactly what the crate accepts, short of the dtypes
+/// hexq does not read.
+#[test]
+fn fuzz_safetensors_header_agrees_with_the_reference_crate() {
+    let seed = std::fs::read(fixture("tests/fixtures/golden/golden.safetensors")).unwrap();
+    let n = u64::from_le_bytes(seed[..8].try_into().unwrap()) as usize;
+    let hdr: Value = serde_json::from_slice(&seed[8..8 + n]).unwrap();
+    let data = &seed[8 + n..];
+    let (mut r, s) = rng("safetensors-header");
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("input.safetensors");
+    let (t0, mut it, mut accepted) = (Instant::now(), 0u64, 0u64);
+    while t0.elapsed() < budget() {
+        let mut h = hdr.clone();
+        let names: Vec<String> = h
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| *k != "__metadata__")
+            .cloned()
+            .collect();
+        match r.random_range(0..3) {
+            0 => mutate_json(&mut r, &mut h),
+            1 => {
+                let k = &names[r.random_range(0..names.len())];
+                let d: i64 = [-8, -2, -1, 1, 2, 8][r.random_range(0..6)];
+                let o = &mut h[k]["data_offsets"];
+                let side = r.random_range(0..3);
+                for (j, x) in o.as_array_mut().unwrap().iter_mut().enumerate() {
+                    if side == 2 || side == j {
+                        *x = (x.as_i64().unwrap() + d).max(0).into();
+                    }
+                }
+            }
+            _ => {}
+        }
+        let mut d = data.to_vec();
+        match r.random_range(0..4) {
+            0 => d.truncate(d.len() - r.random_range(1..=16)),
+            1 => d.extend(vec![0u8; r.random_range(1..=16)]),
+            _ => {}
+        }
+        let hj = serde_json::to_vec(&h).unwrap();
+        let mut b = (hj.len() as u64).to_le_bytes().to_vec();
+        b.extend(hj);
+        b.extend(&d);
+        std::fs::write(&p, &b).unwrap();
+        let ours = hexq_model::weights::SafetensorsStore::open_files(&[p.clone()]);
+        let theirs = safetensors::SafeTensors::deserialize(&b);
+        let readable = theirs.as_ref().is_ok_and(|t| {
+            t.tensors().iter().all(|(_, v)| {
+                use safetensors::Dtype::*;
+                matches!(v.dtype(), F32 | F16 | BF16)
+            })
+        });
+        if ours.is_ok() != readable {
+            let keep = common::root().join("target/fuzz-crashes");
+            std::fs::create_dir_all(&keep).unwrap();
+            let out = keep.join(format!("safetensors-header-{s}-{it}"));
+            std::fs::write(&out, &b).unwrap();
+            panic!(
+                "hexq {} but the safetensors crate {:?}: {} (seed {s}, iteration {it})",
+                ours.map_or_else(|e| format!("refuses ({e})"), |_| "accepts".into()),
+                theirs.map(|_| "accepts").map_err(|e| e.to_string()),
+                out.display()
+            );
+        }
+        accepted += ours.is_ok() as u64;
+        it += 1;
+    }
+    eprintln!("fuzz safetensors-header: {it} headers ({accepted} accepted by both) in {:.0?}, hexq and the crate agree", t0.elapsed());
+}
+
 #[test]
 fn fuzz_gguf_reader_and_dequantizers() {
     // A small real GGUF: hexq's q4_0 of the tiny fixture (every block type the reader dequantizes is

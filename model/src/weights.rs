@@ -464,7 +464,47 @@ fn parse_header(path: &Path, m: &[u8], file: usize) -> Result<Vec<TensorInfo>> {
             end: data0 + offs.1,
         });
     }
+    reference_check(path, m, &mut out, data0)?;
     Ok(out)
+}
+
+/// The `safetensors` crate, the format's reference loader, has the last word on the header: hexq accepts
+/// no file it refuses (tensors overlapping, leaving gaps, reaching past the data or not reaching its end).
+/// Its errors name no file and few details, so the message is built from the tensors parsed above.
+fn reference_check(path: &Path, m: &[u8], t: &mut [TensorInfo], data0: usize) -> Result<()> {
+    use safetensors::SafeTensorError as E;
+    let Err(e) = safetensors::SafeTensors::read_metadata(m) else {
+        return Ok(());
+    };
+    t.sort_by_key(|x| (x.start, x.end));
+    let rel = |x: usize| x - data0;
+    let msg = match e {
+        E::InvalidOffset(name) => {
+            let mut end = data0;
+            let mut msg = format!("tensor {name:?}: data_offsets out of order");
+            for x in t.iter() {
+                if x.start != end {
+                    let how = if x.start < end { "overlaps the tensor before it" } else { "leaves a gap after the tensor before it" };
+                    msg = format!(
+                        "tensor {:?}: data_offsets [{}, {}] {how} (which ends at byte {}); safetensors tensors \
+                         must tile the data area back to back",
+                        x.name, rel(x.start), rel(x.end), rel(end)
+                    );
+                    break;
+                }
+                end = x.end;
+            }
+            msg
+        }
+        E::MetadataIncompleteBuffer => format!(
+            "the tensors' data_offsets end at byte {} but the data area holds {} bytes (a truncated file, or \
+             bytes after the last tensor); safetensors tensors must cover the data area exactly",
+            t.last().map_or(0, |x| rel(x.end)),
+            m.len() - data0
+        ),
+        e => format!("refused by the safetensors format check: {e}"),
+    };
+    Err(Error::file(path, msg))
 }
 
 /// A safetensors header for tensors written back to back in this order: the 8-byte length, then the JSON

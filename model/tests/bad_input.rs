@@ -119,6 +119,108 @@ fn byte_count_disagreeing_with_shape_is_rejected() {
     assert!(e.contains(Q) && e.contains("data_offsets"), "{e}");
 }
 
+/// A safetensors file with the given data_offsets over the given data area (the header as written).
+fn write_raw(path: &Path, ents: &[Entry], offs: &[(usize, usize)], data: &[u8]) {
+    let mut hdr = serde_json::Map::new();
+    for ((n, dt, sh, _), (a, b)) in ents.iter().zip(offs) {
+        hdr.insert(
+            n.clone(),
+            json!({"dtype": dt, "shape": sh, "data_offsets": [a, b]}),
+        );
+    }
+    let h = serde_json::to_vec(&Value::Object(hdr)).unwrap();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(data);
+    std::fs::write(path, out).unwrap();
+}
+
+/// The format's rule (the `safetensors` crate refuses the rest): tensors tile the data area back to back.
+#[test]
+fn overlapping_gapped_and_out_of_range_offsets_are_refused() {
+    let d = scratch();
+    let p = d.path().join("model.safetensors");
+    let ents = entries();
+    let mut offs = Vec::new();
+    let mut data = Vec::new();
+    for e in &ents {
+        offs.push((data.len(), data.len() + e.3.len()));
+        data.extend(&e.3);
+    }
+    let k = ents.iter().position(|e| e.0 == Q).unwrap();
+    assert!(k > 0);
+    // Q's bytes start 8 bytes inside the tensor before it (the file keeps its length: 8 bytes at the end).
+    let mut o = offs.clone();
+    o[k] = (o[k].0 - 8, o[k].1 - 8);
+    write_raw(&p, &ents, &o, &data);
+    let e = err_of(d.path());
+    assert!(
+        e.contains("model.safetensors") && e.contains(Q) && e.contains("overlaps"),
+        "{e}"
+    );
+    // 16 unused bytes before Q.
+    let mut o = offs.clone();
+    for x in &mut o[k..] {
+        *x = (x.0 + 16, x.1 + 16);
+    }
+    let mut gd = data[..offs[k].0].to_vec();
+    gd.extend([0u8; 16]);
+    gd.extend(&data[offs[k].0..]);
+    write_raw(&p, &ents, &o, &gd);
+    let e = err_of(d.path());
+    assert!(
+        e.contains("model.safetensors") && e.contains(Q) && e.contains("gap"),
+        "{e}"
+    );
+    // The last tensor reaching past the end of the file.
+    let mut o = offs.clone();
+    let last = o.len() - 1;
+    o[last] = (o[last].0 + 64, o[last].1 + 64);
+    write_raw(&p, &ents, &o, &data);
+    let e = err_of(d.path());
+    assert!(
+        e.contains("model.safetensors") && e.contains("truncated"),
+        "{e}"
+    );
+    // Bytes after the last tensor.
+    let mut td = data.clone();
+    td.extend([0u8; 16]);
+    write_raw(&p, &ents, &offs, &td);
+    let e = err_of(d.path());
+    assert!(
+        e.contains("model.safetensors") && e.contains("after the last tensor"),
+        "{e}"
+    );
+    // And the file as written back to back loads.
+    write_raw(&p, &ents, &offs, &data);
+    Checkpoint::open(d.path()).unwrap();
+}
+
+/// Every safetensors file hexq writes is one the reference loader reads: the shared header writer, and the
+/// synth checkpoint.
+#[test]
+fn hexq_safetensors_read_back_by_the_reference_crate() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("synth");
+    let opt = hexq_model::synth::SynthOptions {
+        max_shard_bytes: 1 << 20, // shards and an index, as at E2B
+        ..Default::default()
+    };
+    let bar = indicatif::ProgressBar::hidden();
+    hexq_model::synth::synth(&fixture().join("config.json"), &out, &opt, &bar).unwrap();
+    let t = &out;
+    let mut n = 0;
+    for e in std::fs::read_dir(t).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "safetensors") {
+            let b = std::fs::read(&p).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&b).unwrap();
+            n += st.len();
+        }
+    }
+    assert!(n > 10, "{n} tensors");
+}
+
 #[test]
 fn truncated_file_names_file() {
     let d = scratch();
