@@ -83,10 +83,12 @@ fn config_cases(t: &Path, cases: &mut Vec<Case>) {
             let dir = model_with(&t.join(format!("cfg-{f}-{vn}")), |c| {
                 c["text_config"][f] = v.clone();
             });
-            for cmd in ["inspect", "run"] {
+            // graph reads the config alone: no tensor shape stands between it and the widths.
+            for cmd in ["inspect", "run", "graph"] {
                 let mut args = vec![cmd.to_string()];
                 match cmd {
                     "inspect" => args.push(dir.display().to_string()),
+                    "graph" => args.extend(s(&["--model", &dir.display().to_string()])),
                     _ => args.extend(s(&[
                         "--model",
                         &dir.display().to_string(),
@@ -428,6 +430,29 @@ fn file_cases(t: &Path, cases: &mut Vec<Case>) {
             "data_offsets",
         ),
         (
+            "overlap-same-size",
+            Box::new(move |h: &mut Value, _: &mut Vec<u8>| {
+                let o = h.as_object_mut().unwrap();
+                let mut ks: Vec<(u64, String)> = o
+                    .iter()
+                    .filter(|(k, _)| *k != "__metadata__")
+                    .map(|(k, v)| (v["data_offsets"][0].as_u64().unwrap(), k.clone()))
+                    .collect();
+                ks.sort();
+                // the second tensor by offset starts 4 bytes early, keeping its length
+                let k = &ks[1].1;
+                let a = o[k]["data_offsets"].clone();
+                o.get_mut(k).unwrap()["data_offsets"] =
+                    json!([a[0].as_u64().unwrap() - 4, a[1].as_u64().unwrap() - 4]);
+            }),
+            "overlaps",
+        ),
+        (
+            "trailing-bytes",
+            Box::new(move |_: &mut Value, d: &mut Vec<u8>| d.extend([0u8; 8])),
+            "after the last tensor",
+        ),
+        (
             "past-end",
             Box::new(move |h: &mut Value, d: &mut Vec<u8>| {
                 let k = first(h);
@@ -453,7 +478,7 @@ fn file_cases(t: &Path, cases: &mut Vec<Case>) {
         ),
         (
             "missing-tensor",
-            Box::new(move |h: &mut Value, _: &mut Vec<u8>| {
+            Box::new(move |h: &mut Value, d: &mut Vec<u8>| {
                 let k = h
                     .as_object()
                     .unwrap()
@@ -461,7 +486,24 @@ fn file_cases(t: &Path, cases: &mut Vec<Case>) {
                     .find(|k| k.contains("layers.0.self_attn.q_proj"))
                     .unwrap()
                     .clone();
-                h.as_object_mut().unwrap().remove(&k);
+                // its bytes go too, the tensors after it move up: a well-formed file without it
+                let o = h.as_object_mut().unwrap().remove(&k).unwrap();
+                let (a, b) = (
+                    o["data_offsets"][0].as_u64().unwrap(),
+                    o["data_offsets"][1].as_u64().unwrap(),
+                );
+                d.drain(a as usize..b as usize);
+                for (name, v) in h.as_object_mut().unwrap() {
+                    if name == "__metadata__" {
+                        continue;
+                    }
+                    for i in 0..2 {
+                        let x = v["data_offsets"][i].as_u64().unwrap();
+                        if x >= b {
+                            v["data_offsets"][i] = json!(x - (b - a));
+                        }
+                    }
+                }
             }),
             "q_proj",
         ),
@@ -930,6 +972,142 @@ fn every_bad_input_fails_cleanly() {
         "{} of {} cases:\n{}",
         bad.len(),
         cases.len(),
+        bad.join("\n")
+    );
+}
+
+/// The smallest contexts and chunk lengths through every command that takes them: each either runs (exit
+/// 0) or refuses naming the option (exit 1 or 2) — never a panic deep in a kernel. Contexts 0, 1, 2 and
+/// SEQ − 1 (127: just below the default trunk chunk), chunk lengths 0, 1, 2 and the context + 1.
+#[test]
+fn small_contexts_and_seqs_never_panic() {
+    let t = tempfile::tempdir().unwrap();
+    let m = fixture().display().to_string();
+    let enc = t.path().join("e.json");
+    let st = t.path().join("st.json");
+    let hexq = |args: &[String]| {
+        Command::new(env!("CARGO_BIN_EXE_hexq"))
+            .args(args)
+            .current_dir(common::root())
+            .output()
+            .unwrap()
+    };
+    let o = hexq(&s(&[
+        "calibrate",
+        "--model",
+        &m,
+        "--limit",
+        "1",
+        "--context",
+        "64",
+        "--out",
+        st.to_str().unwrap(),
+    ]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = hexq(&s(&[
+        "quantize",
+        "--model",
+        &m,
+        "--stats",
+        st.to_str().unwrap(),
+        "--out",
+        enc.to_str().unwrap(),
+    ]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = |n: &str| t.path().join(n).display().to_string();
+    let mut runs: Vec<Vec<String>> = Vec::new();
+    for c in ["0", "1", "2", "127"] {
+        let base: Vec<Vec<&str>> = vec![
+            vec!["run", "--prompt", "hi", "--max-tokens", "2"],
+            vec![
+                "run",
+                "--backend",
+                "graph",
+                "--prompt",
+                "hi",
+                "--max-tokens",
+                "2",
+            ],
+            vec!["calibrate", "--limit", "1"],
+            vec!["calibrate", "--variant", "trunk", "--limit", "1"],
+            vec!["graph", "--variant", "decode_wgqa"],
+            vec!["graph", "--variant", "trunk"],
+            vec!["export", "--variant", "decode_wgqa"],
+            vec!["export", "--variant", "trunk"],
+            vec!["ablate", "--limit", "1", "--schemes", "int8-pc"],
+            vec![
+                "verify",
+                "--limit",
+                "1",
+                "--encodings",
+                enc.to_str().unwrap(),
+            ],
+        ];
+        for (k, b) in base.iter().enumerate() {
+            let mut a = s(b);
+            a.extend(s(&["--model", &m, "--context", c]));
+            if matches!(b[0], "calibrate" | "export") {
+                a.extend(s(&["--out", &out(&format!("o-{c}-{k}"))]));
+            }
+            runs.push(a);
+        }
+        if c != "127" {
+            runs.push(s(&[
+                "pipeline",
+                "--model",
+                &m,
+                "--context",
+                c,
+                "--out",
+                &out(&format!("p-{c}")),
+            ]));
+        }
+    }
+    for q in ["0", "1", "2", "65"] {
+        for b in [
+            vec!["graph", "--variant", "trunk"],
+            vec!["export", "--variant", "trunk", "--out"],
+            vec!["calibrate", "--variant", "trunk", "--limit", "1", "--out"],
+            vec![
+                "run",
+                "--backend",
+                "graph",
+                "--prompt",
+                "hi",
+                "--max-tokens",
+                "2",
+            ],
+        ] {
+            let mut a = s(&b);
+            if b.last() == Some(&"--out") {
+                a.push(out(&format!("q-{q}-{}", b[0])));
+            }
+            a.extend(s(&["--model", &m, "--context", "64", "--seq", q]));
+            runs.push(a);
+        }
+    }
+    let mut bad = Vec::new();
+    let mut codes = std::collections::BTreeMap::new();
+    for a in &runs {
+        let o = hexq(a);
+        let code = o.status.code().unwrap_or(-1);
+        *codes.entry(code).or_insert(0) += 1;
+        let err = String::from_utf8_lossy(&o.stderr);
+        let named = err.contains("context") || err.contains("seq");
+        if !(code == 0 || (code == 1 || code == 2) && named) {
+            bad.push(format!(
+                "hexq {}: exit {code}: {}",
+                a.join(" "),
+                err.lines().last().unwrap_or("")
+            ));
+        }
+    }
+    eprintln!("{} runs, by exit code: {codes:?}", runs.len());
+    assert!(
+        bad.is_empty(),
+        "{} of {} runs:\n{}",
+        bad.len(),
+        runs.len(),
         bad.join("\n")
     );
 }

@@ -179,6 +179,21 @@ pub fn calibrate_with(
     engine: Engine,
     mode: ParamMode,
 ) -> Result<Stats> {
+    // Prompts are cut to context − decode_tokens − 1 (decode::prompt_ids): at least one prompt token must stay.
+    if o.graph.context < o.decode_tokens + 2 {
+        return Err(Error::Usage(format!(
+            "--context {} leaves no room for a prompt beside --decode-tokens {} (needs at least {})",
+            o.graph.context,
+            o.decode_tokens,
+            o.decode_tokens + 2
+        )));
+    }
+    if o.variant == Variant::Trunk && o.graph.seq > o.graph.context {
+        return Err(Error::Usage(format!(
+            "--seq {} exceeds --context {}: a trunk chunk must fit the KV it writes",
+            o.graph.seq, o.graph.context
+        )));
+    }
     let mut recs = load_dataset(dataset)?;
     if let Some(n) = o.limit {
         recs.truncate(n);

@@ -77,6 +77,12 @@ pub fn install() {
             std::process::exit(128 + b as i32);
         }
     });
+    // A closed stdout (`hexq graph … | head`) ends the process as it ends `cat`, not with a panic at the
+    // next print (Rust ignores SIGPIPE by default); stdout carries reports, printed after artifacts commit.
+    // SAFETY: restoring a default disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: installing a handler that only calls write(2).
         unsafe {

@@ -345,6 +345,7 @@ impl ModelConfig {
         }
         refuse_unsupported(&fl, &t)?;
         let (hidden_size, intermediate_size, num_layers) = check_dims(&fl, &t)?;
+        check_sizes(&fl, &t, hidden_size, intermediate_size, num_layers)?;
         let kinds = layer_kinds(&fl, &t, num_layers, arch)?;
         let (layer_hd, layer_kvh) = layer_heads(&fl, &t, &kinds)?;
         let rope = rope_specs(&fl, &t, &kinds, &layer_hd)?;
@@ -518,6 +519,8 @@ fn check_dims(fl: &Fields, t: &TextFields) -> Result<(usize, usize, usize)> {
     for (field, v) in [
         ("num_hidden_layers", layers),
         ("hidden_size", hidden),
+        ("intermediate_size", inter),
+        ("vocab_size", t.vocab_size),
         ("num_attention_heads", t.num_attention_heads),
         ("num_key_value_heads", t.num_key_value_heads),
         ("head_dim", t.head_dim),
@@ -543,6 +546,74 @@ fn check_dims(fl: &Fields, t: &TextFields) -> Result<(usize, usize, usize)> {
         ));
     }
     Ok((hidden, inter, layers))
+}
+
+/// Widths no tensor library allocates (ONNX and QNN dimensions are 32-bit; hexq indexes rows by usize but
+/// builds graphs from the config alone): refused before any table, graph or buffer is sized by them.
+const MAX_DIM: usize = 1 << 24;
+/// The decoder's bf16 bytes, estimated from the widths, above which nothing here could hold the weights.
+const MAX_WEIGHT_BYTES: u128 = 1 << 40;
+
+/// Every width at most [`MAX_DIM`], and the weights those widths imply at most [`MAX_WEIGHT_BYTES`] (naming
+/// the field whose tensors carry most of them).
+fn check_sizes(
+    fl: &Fields,
+    t: &TextFields,
+    hidden: usize,
+    inter: usize,
+    layers: usize,
+) -> Result<()> {
+    let dims = [
+        ("hidden_size", hidden),
+        ("intermediate_size", inter),
+        ("num_hidden_layers", layers),
+        ("num_attention_heads", t.num_attention_heads),
+        ("num_key_value_heads", t.num_key_value_heads),
+        ("head_dim", t.head_dim),
+        ("global_head_dim", t.global_head_dim),
+        ("vocab_size", t.vocab_size),
+        ("hidden_size_per_layer_input", t.hidden_size_per_layer_input),
+        ("vocab_size_per_layer_input", t.vocab_size_per_layer_input),
+    ];
+    for (field, v) in dims {
+        if v > MAX_DIM {
+            return Err(fl.err(
+                field,
+                format!("{v} exceeds {MAX_DIM}: no graph or buffer of that width can be allocated"),
+            ));
+        }
+    }
+    let (h, l) = (hidden as u128, layers as u128);
+    let hd = t.head_dim.max(t.global_head_dim) as u128;
+    let per = [
+        ("vocab_size", t.vocab_size as u128 * h),
+        ("intermediate_size", l * 3 * h * inter as u128 * 2),
+        (
+            "num_attention_heads",
+            l * 2 * h * hd * t.num_attention_heads as u128,
+        ),
+        (
+            "num_key_value_heads",
+            l * 2 * h * hd * t.num_key_value_heads as u128,
+        ),
+        (
+            "vocab_size_per_layer_input",
+            t.vocab_size_per_layer_input as u128 * l * t.hidden_size_per_layer_input as u128,
+        ),
+    ];
+    let bytes: u128 = per.iter().map(|(_, n)| 2 * n).sum();
+    if bytes > MAX_WEIGHT_BYTES {
+        let (field, _) = per.iter().max_by_key(|(_, n)| *n).expect("five terms");
+        return Err(fl.err(
+            field,
+            format!(
+                "the config implies about {:.1} TiB of bf16 weights (hidden_size {hidden}, {layers} layers): more \
+                 than can be allocated",
+                bytes as f64 / (1u64 << 40) as f64
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// layer_types: default 5 sliding : 1 full; Gemma-4 forces the last layer full (as transformers does).

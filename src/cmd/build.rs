@@ -193,6 +193,26 @@ pub fn load(p: &Path) -> Result<(Recipe, String)> {
             p.display()
         );
     }
+    if r.artifacts.iter().any(|a| a.variant == "trunk") && r.graph.seq > r.graph.context {
+        bail!(
+            "{}: graph.seq {} exceeds graph.context {}: a trunk chunk must fit the KV it writes",
+            p.display(),
+            r.graph.seq,
+            r.graph.context
+        );
+    }
+    if let Some(c) = r
+        .calibration
+        .as_ref()
+        .filter(|c| r.graph.context < c.decode_tokens + 2)
+    {
+        bail!(
+            "{}: graph.context {} leaves no room for a prompt beside calibration.decode_tokens {}",
+            p.display(),
+            r.graph.context,
+            c.decode_tokens
+        );
+    }
     Ok((r, text))
 }
 

@@ -72,6 +72,7 @@ impl Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    super::check_seq(a.variant, a.context, a.seq)?;
     let dir = model_dir(a.model.clone())?;
     let ck = std::sync::Arc::new(Checkpoint::open(&dir)?);
     let enc = match &a.encodings {

@@ -37,6 +37,7 @@ pub fn run(a: Args) -> Result<()> {
     if context == 0 || seq == 0 {
         anyhow::bail!("--context and --seq must be positive");
     }
+    super::check_seq(variant, context, seq)?;
     let g = build(&cfg, variant, &GraphOptions { context, seq });
     g.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     if io_contract {

@@ -71,6 +71,16 @@ pub fn check_context(
     Ok(())
 }
 
+/// A trunk graph of SEQ positions writes SEQ KV slots per call: more than the context holds is no graph.
+pub fn check_seq(variant: hexq_graph::Variant, context: usize, seq: usize) -> Result<()> {
+    if variant == hexq_graph::Variant::Trunk && seq > context {
+        anyhow::bail!(
+            "--seq {seq} exceeds --context {context}: a trunk chunk must fit the KV it writes"
+        );
+    }
+    Ok(())
+}
+
 pub fn model_dir(m: Option<PathBuf>) -> Result<PathBuf> {
     match m {
         Some(p) => Ok(p),
