@@ -383,3 +383,47 @@ fn llama_cpp_q4_0_logits_stay_near_hexq_dequantized_reference() {
     assert!(w4 <= 0.15, "q4_0 relative logit error {w4}");
     assert!(a4 as f64 >= 0.85 * n4 as f64, "top-1 {a4}/{n4}");
 }
+
+/// The Gemma-4 tokenizer a GGUF describes (rebuilt by `hexq_import::tokenizer::files`, as `run --backend
+/// llama` uses it) is the checkpoint's: the same vocabulary and the same ids on every chat prompt of the
+/// calibration and held-out sets.
+#[test]
+fn gemma4_tokenizer_rebuilt_from_the_gguf_equals_the_checkpoints() {
+    use hexq_model::chat::Tokenizer;
+    let t = tempfile::tempdir().unwrap();
+    let g = t.path().join("m.gguf");
+    let fx = root().join("tests/fixtures/tiny-gemma4");
+    let o = hexq(&[
+        "gguf",
+        "--model",
+        fx.to_str().unwrap(),
+        "--type",
+        "f16",
+        "--out",
+        g.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let f = hexq_gguf::GgufFile::open(&g).unwrap();
+    let files = hexq_import::tokenizer::files(&f).unwrap();
+    let ours = Tokenizer::from_parts(
+        &g,
+        files.tokenizer_json.as_bytes(),
+        Some(&files.tokenizer_config),
+        Some(files.chat_template.clone()),
+    )
+    .unwrap();
+    let theirs = Tokenizer::from_dir(&fx).unwrap();
+    assert!(ours.same_vocab(&theirs));
+    let mut n = 0;
+    for ds in ["datasets/calibration.jsonl", "datasets/heldout.jsonl"] {
+        for r in hexq_model::dataset::load_dataset(&root().join(ds)).unwrap() {
+            let m = r.messages.unwrap();
+            assert_eq!(
+                ours.encode_chat(&m).unwrap(),
+                theirs.encode_chat(&m).unwrap()
+            );
+            n += 1;
+        }
+    }
+    assert!(n > 100, "{n} prompts");
+}

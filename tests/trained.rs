@@ -657,6 +657,59 @@ fn llama_cpp_runs_hexq_q4_0_of_the_trained_model_like_the_dequantized_reference(
     assert!(a4 as f64 >= 0.9 * n4 as f64, "top-1 {a4}/{n4}");
 }
 
+/// A GGUF is self-describing: `run --backend llama` without `--model` takes the tokenizer and chat template
+/// from the GGUF and feeds llama.cpp the ids (and gets the tokens) that `--model` of its import gives; a
+/// `--model` of another vocabulary is refused naming both.
+#[test]
+fn a_gguf_run_without_model_tokenizes_as_its_checkpoint() {
+    let Some(_) = common::llama_build() else {
+        return;
+    };
+    let Some((_, dir)) = common::trained_gemma3() else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let q4 = t.path().join("q4.gguf");
+    let (d, q) = (dir.to_str().unwrap(), q4.to_str().unwrap());
+    common::hexq_ok(&["gguf", "--model", d, "--type", "q4_0", "--pure", "--out", q]);
+    let run = |extra: &[&str]| -> Value {
+        let mut a = vec![
+            "run",
+            "--backend",
+            "llama",
+            "--gguf",
+            q,
+            "--prompt",
+            "Write one sentence about the sea.",
+        ];
+        a.extend(["--max-tokens", "8", "--json"]);
+        a.extend(extra);
+        serde_json::from_slice(&common::hexq_ok(&a).stdout).unwrap()
+    };
+    let (alone, with) = (run(&[]), run(&["--model", d]));
+    assert_eq!(alone["prompt_ids"], with["prompt_ids"]);
+    assert_eq!(alone["generated_ids"], with["generated_ids"]);
+    let ids: Vec<u64> = serde_json::from_value(alone["prompt_ids"].clone()).unwrap();
+    // "sea" is 886 and "." 13315 in Gemma's vocabulary: the ids, not the tiny fixture's.
+    assert!(ids.windows(2).any(|w| w == [886, 13315]), "{ids:?}");
+    let tiny = common::root().join("tests/fixtures/tiny-gemma4");
+    let e = common::hexq_err(&[
+        "run",
+        "--backend",
+        "llama",
+        "--gguf",
+        q,
+        "--model",
+        tiny.to_str().unwrap(),
+        "--prompt",
+        "hi",
+    ]);
+    assert!(
+        e.contains("q4.gguf") && e.contains("tiny-gemma4") && e.contains("vocabulary"),
+        "{e}"
+    );
+}
+
 /// The imported tokenizer.model is a real SentencePiece model: `sentencepiece` loads it and its ids equal
 /// transformers' on every corpus string without control-token text (SentencePiece never matches control
 /// pieces in raw text; transformers' added tokens do).

@@ -78,15 +78,95 @@ pub struct Files {
     pub spm: Vec<u8>,
 }
 
-/// The tokenizer files for a GGUF with a `llama` (SentencePiece) vocabulary.
+/// The tokenizer files a GGUF's vocabulary describes: `llama` (SentencePiece: Gemma-3) or `gemma4` (BPE).
 pub fn files(g: &GgufFile) -> Result<Files> {
     let model = g
         .get("tokenizer.ggml.model")
         .and_then(Value::as_str)
         .unwrap_or("");
-    if model != "llama" {
-        return Err(Error::gguf(g, format!("tokenizer.ggml.model {model:?}: hexq rebuilds SentencePiece (\"llama\") vocabularies")));
+    match model {
+        "llama" => spm_files(g),
+        "gemma4" => gemma4_files(g),
+        _ => Err(Error::gguf(g, format!("tokenizer.ggml.model {model:?}: hexq rebuilds SentencePiece (\"llama\") and Gemma-4 BPE (\"gemma4\") vocabularies"))),
     }
+}
+
+/// Gemma-4's tokenizer.json from the keys llama.cpp's converter writes (`LlamaHfVocab`: the BPE vocabulary
+/// in id order, its merges, token types; export/src/gguf/vocab.rs writes the same): the byte-fallback BPE
+/// with Gemma's "▁" normalizer and decoder, control tokens (type 3) added as special, user-defined ones
+/// (type 4) as plain added tokens; the chat template from `tokenizer.chat_template`.
+fn gemma4_files(g: &GgufFile) -> Result<Files> {
+    let tokens = strings(g, "tokenizer.ggml.tokens")?;
+    let types: Vec<u64> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
+        Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
+        None => vec![1; tokens.len()],
+    };
+    let merges: Vec<serde_json::Value> = strings(g, "tokenizer.ggml.merges")?
+        .iter()
+        .map(|m| match m.split_once(' ') {
+            Some((l, r)) => Ok(json!([l, r])),
+            None => Err(Error::gguf(
+                g,
+                format!("tokenizer.ggml.merges: {m:?} is not two pieces"),
+            )),
+        })
+        .collect::<Result<_>>()?;
+    let name = |k: &str| {
+        g.get(&format!("tokenizer.ggml.{k}_token_id"))
+            .and_then(Value::as_u64)
+            .and_then(|i| tokens.get(i as usize).cloned())
+    };
+    let (bos, eos) = (
+        name("bos").unwrap_or("<bos>".into()),
+        name("eos").unwrap_or("<eos>".into()),
+    );
+    let unk = name("unknown").unwrap_or("<unk>".into());
+    let vmap: serde_json::Map<_, _> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i.into()))
+        .collect();
+    let added_tokens: Vec<_> = types
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| matches!(t, 3 | 4))
+        .map(|(i, &t)| added(i, &tokens[i], t == 3))
+        .collect();
+    let tj = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": added_tokens,
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
+        "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false},
+        "post_processor": {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vmap, "merges": merges},
+    });
+    let template = g
+        .get("tokenizer.chat_template")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let tc = json!({"bos_token": bos, "eos_token": eos, "unk_token": unk});
+    let text = |v: &serde_json::Value| {
+        serde_json::to_string_pretty(v)
+            .map(|s| s + "\n")
+            .expect("JSON")
+    };
+    Ok(Files {
+        tokenizer_json: text(&tj),
+        tokenizer_config: text(&tc),
+        chat_template: template,
+        spm: Vec::new(),
+    })
+}
+
+/// The tokenizer files for a GGUF with a `llama` (SentencePiece) vocabulary.
+fn spm_files(g: &GgufFile) -> Result<Files> {
     let raw = strings(g, "tokenizer.ggml.tokens")?;
     let types: Vec<u64> = match g.get("tokenizer.ggml.token_type").and_then(Value::as_array) {
         Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),

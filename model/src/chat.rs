@@ -52,21 +52,39 @@ impl Tokenizer {
                 msg: "not found".into(),
             });
         }
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| Error::Tokenizer {
-            path: path.clone(),
-            msg: e.to_string(),
-        })?;
-        let mut template = None;
+        let json = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let jinja = dir.join("chat_template.jinja");
+        let template = match jinja.exists() {
+            true => Some(std::fs::read_to_string(&jinja).map_err(|e| Error::io(&jinja, e))?),
+            false => None,
+        };
+        let tc = dir.join("tokenizer_config.json");
+        let config = match tc.exists() {
+            true => Some(std::fs::read_to_string(&tc).map_err(|e| Error::io(&tc, e))?),
+            false => None,
+        };
+        Self::from_parts(&path, &json, config.as_deref(), template)
+    }
+
+    /// From the files' contents (a GGUF carries them as metadata: `hexq_import::tokenizer::files`);
+    /// `path` names them in errors.
+    pub fn from_parts(
+        path: &Path,
+        tokenizer_json: &[u8],
+        tokenizer_config: Option<&str>,
+        mut template: Option<String>,
+    ) -> Result<Self> {
+        let path = path.to_path_buf();
+        let inner =
+            tokenizers::Tokenizer::from_bytes(tokenizer_json).map_err(|e| Error::Tokenizer {
+                path: path.clone(),
+                msg: e.to_string(),
+            })?;
         let mut bos_token = "<bos>".to_string();
         let mut eos_token = "<eos>".to_string();
-        let jinja = dir.join("chat_template.jinja");
-        if jinja.exists() {
-            template = Some(std::fs::read_to_string(&jinja).map_err(|e| Error::io(&jinja, e))?);
-        }
-        let tc = dir.join("tokenizer_config.json");
-        if tc.exists() {
-            let text = std::fs::read_to_string(&tc).map_err(|e| Error::io(&tc, e))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
+        if let Some(text) = tokenizer_config {
+            let tc = path.with_file_name("tokenizer_config.json");
+            let v: serde_json::Value = serde_json::from_str(text)
                 .map_err(|e| Error::file(&tc, format!("invalid JSON: {e}")))?;
             if template.is_none() {
                 template = v
@@ -124,6 +142,10 @@ impl Tokenizer {
 
     pub fn token_to_id(&self, t: &str) -> Option<u32> {
         self.inner.token_to_id(t)
+    }
+    /// The same tokens at the same ids (the added tokens included).
+    pub fn same_vocab(&self, other: &Tokenizer) -> bool {
+        self.inner.get_vocab(true) == other.inner.get_vocab(true)
     }
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

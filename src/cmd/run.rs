@@ -245,9 +245,36 @@ pub fn open_backend(a: &BackendArgs) -> Result<(Box<dyn hexq_runtime::Backend>, 
                 .gguf
                 .clone()
                 .ok_or_else(|| anyhow::anyhow!("--backend llama needs --gguf F.gguf"))?;
-            let tok = Tokenizer::from_dir(&model_dir(a.model.clone())?)?;
+            let tok = gguf_tokenizer(&g)?;
+            if let Some(m) = &a.model {
+                let mt = Tokenizer::from_dir(m)?;
+                if !tok.same_vocab(&mt) {
+                    anyhow::bail!(
+                        "{}: its vocabulary ({} tokens) differs from --model {}'s ({} tokens); drop --model \
+                         (a GGUF carries its own tokenizer) or pass the checkpoint it was made from",
+                        g.display(),
+                        tok.vocab_size(),
+                        m.display(),
+                        mt.vocab_size()
+                    );
+                }
+            }
             let b = hexq_runtime::llama::LlamaBackend::open(&g, a.context, a.threads)?;
             (Box::new(b), tok)
         }
     })
+}
+
+/// A GGUF is self-describing: its tokenizer and chat template rebuilt from its metadata, as `hexq import`
+/// writes them (and as llama.cpp tokenizes it).
+fn gguf_tokenizer(g: &std::path::Path) -> Result<Tokenizer> {
+    let f = hexq_gguf::GgufFile::open(g).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let t = hexq_import::tokenizer::files(&f)?;
+    let template = (!t.chat_template.is_empty()).then(|| t.chat_template.clone());
+    Ok(Tokenizer::from_parts(
+        g,
+        t.tokenizer_json.as_bytes(),
+        Some(&t.tokenizer_config),
+        template,
+    )?)
 }
