@@ -941,6 +941,11 @@ fn every_bad_input_fails_cleanly() {
     file_cases(t.path(), &mut cases);
     output_cases(t.path(), &mut cases);
     let mut bad = Vec::new();
+    if std::env::var_os("HEXQ_CORPUS_LIST").is_some() {
+        for c in &cases {
+            eprintln!("case: {}", c.name);
+        }
+    }
     for c in &cases {
         let o = Command::new(env!("CARGO_BIN_EXE_hexq"))
             .args(&c.args)
