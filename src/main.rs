@@ -35,6 +35,8 @@ enum Cmd {
     Graph(cmd::graph::Args),
     /// Record activation ranges of a graph on chat-formatted decode loops.
     Calibrate(cmd::calibrate::Args),
+    /// llama.cpp's importance matrix (GGUF) from chat-formatted decode loops, for `llama-quantize --imatrix`.
+    Imatrix(cmd::imatrix::Args),
     /// Compute A16W8 encodings (AIMET/QNN format) from calibration stats and the weights.
     Quantize(cmd::quantize::Args),
     /// Quantsim vs float on held-out prompts: top-1, hidden cosine, KL, token-exact greedy, per-step cosine.
@@ -100,6 +102,7 @@ fn main() {
         Cmd::Run(a) => cmd::run::run(a),
         Cmd::Graph(a) => cmd::graph::run(a),
         Cmd::Calibrate(a) => cmd::calibrate::run(a),
+        Cmd::Imatrix(a) => cmd::imatrix::run(a),
         Cmd::Quantize(a) => cmd::quantize::run(a),
         Cmd::Verify(a) => cmd::verify::run(a),
         Cmd::Pipeline(a) => cmd::pipeline::run(a),

@@ -215,7 +215,7 @@ fn fuzz_safetensors_header_agrees_with_the_reference_crate() {
         b.extend(hj);
         b.extend(&d);
         std::fs::write(&p, &b).unwrap();
-        let ours = hexq_model::weights::SafetensorsStore::open_files(&[p.clone()]);
+        let ours = hexq_model::weights::SafetensorsStore::open_files(std::slice::from_ref(&p));
         let theirs = safetensors::SafeTensors::deserialize(&b);
         let readable = theirs.as_ref().is_ok_and(|t| {
             t.tensors().iter().all(|(_, v)| {

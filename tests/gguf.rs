@@ -427,3 +427,151 @@ fn gemma4_tokenizer_rebuilt_from_the_gguf_equals_the_checkpoints() {
     }
     assert!(n > 100, "{n} prompts");
 }
+
+/// A text for the imatrix side by side: the held-out prompts' contents, one after another.
+fn heldout_text(dir: &Path) -> std::path::PathBuf {
+    let mut s = String::new();
+    for r in hexq_model::dataset::load_dataset(&root().join("datasets/heldout.jsonl")).unwrap() {
+        for m in r.messages.unwrap() {
+            s += &m.content;
+            s += "\n\n";
+        }
+    }
+    let p = dir.join("heldout.txt");
+    std::fs::write(&p, s).unwrap();
+    p
+}
+
+/// `hexq imatrix --text` gathers llama-imatrix's statistics on the same chunks: the same entries, counts and
+/// chunk count; Σx² equal to float summation where nothing but f32 arithmetic lies between the embedding and
+/// the input (layer 0's q/k/v), and within 5e-3 relative deeper in, where llama.cpp rounds through f16 (its
+/// GELU table; with `-fa off -ctk f32 -ctv f32` the attention stays f32). And llama-quantize takes the
+/// imatrix hexq gathers from chat decode loops, every entry used.
+#[test]
+fn imatrix_equals_llama_imatrix_and_llama_quantize_takes_it() {
+    use hexq_gguf::imatrix::Imatrix;
+    let Some(build) = llama_build() else { return };
+    let bin = |n: &str| build.join("bin").join(n);
+    if !bin("llama-imatrix").exists() || !bin("llama-quantize").exists() {
+        assert!(
+            std::env::var("HEXQ_REQUIRE_JUDGES").is_err(),
+            "llama-imatrix / llama-quantize not built"
+        );
+        eprintln!(
+            "SKIP: llama-imatrix or llama-quantize not built in {}",
+            build.display()
+        );
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let p = |n: &str| t.path().join(n).display().to_string();
+    let ok = |o: std::process::Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr))
+    };
+    ok(hexq(&["gguf", "--type", "f32", "--out", &p("f32.gguf")]));
+    let text = heldout_text(t.path());
+    let txt = text.to_str().unwrap();
+    ok(hexq(&[
+        "imatrix",
+        "--text",
+        txt,
+        "--chunk",
+        "64",
+        "--chunks",
+        "6",
+        "--out",
+        &p("hexq.gguf"),
+    ]));
+    ok(Command::new(bin("llama-imatrix"))
+        .args([
+            "-m",
+            &p("f32.gguf"),
+            "-f",
+            txt,
+            "-c",
+            "64",
+            "-b",
+            "64",
+            "--chunks",
+            "6",
+            "--no-ppl",
+        ])
+        .args([
+            "-t",
+            "2",
+            "-fa",
+            "off",
+            "-ctk",
+            "f32",
+            "-ctv",
+            "f32",
+            "-o",
+            &p("llama.gguf"),
+        ])
+        .output()
+        .unwrap());
+    let (h, l) = (
+        Imatrix::read(Path::new(&p("hexq.gguf"))).unwrap(),
+        Imatrix::read(Path::new(&p("llama.gguf"))).unwrap(),
+    );
+    assert_eq!((h.chunk_count, h.chunk_size), (l.chunk_count, l.chunk_size));
+    assert_eq!(
+        h.entries.keys().collect::<Vec<_>>(),
+        l.entries.keys().collect::<Vec<_>>()
+    );
+    let mut worst = (0f64, String::new());
+    for (k, e) in &h.entries {
+        let r = &l.entries[k];
+        assert_eq!(e.counts, r.counts, "{k}");
+        for (a, b) in e.sums.iter().zip(&r.sums) {
+            let rel = ((*a as f64 - *b as f64) / *b as f64).abs();
+            let bound = if k.starts_with("blk.0.attn_") && !k.contains("output") {
+                1e-5
+            } else {
+                5e-3
+            };
+            assert!(
+                rel <= bound,
+                "{k}: hexq {a} llama-imatrix {b} (relative {rel:.2e})"
+            );
+            if rel > worst.0 {
+                worst = (rel, k.clone());
+            }
+        }
+    }
+    eprintln!(
+        "imatrix: {} entries, worst relative difference {:.2e} ({})",
+        h.entries.len(),
+        worst.0,
+        worst.1
+    );
+    // The chat decode-loop imatrix through llama-quantize.
+    ok(hexq(&["imatrix", "--limit", "8", "--out", &p("chat.gguf")]));
+    let o = Command::new(bin("llama-quantize"))
+        .args([
+            "--imatrix",
+            &p("chat.gguf"),
+            "--pure",
+            &p("f32.gguf"),
+            &p("q4.gguf"),
+            "q4_0",
+        ])
+        .output()
+        .unwrap();
+    ok(o.clone());
+    let log = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    let n = Imatrix::read(Path::new(&p("chat.gguf")))
+        .unwrap()
+        .entries
+        .len();
+    assert!(
+        log.contains(&format!("loaded {n} importance matrix entries")),
+        "{log}"
+    );
+    let q = hexq_gguf::GgufFile::open(Path::new(&p("q4.gguf"))).unwrap();
+    assert_eq!(
+        q.get("quantize.imatrix.entries_count")
+            .and_then(|v| v.as_u64()),
+        Some(n as u64)
+    );
+}

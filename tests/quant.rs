@@ -500,6 +500,7 @@ fn encodings_match_aimet_within_one_lsb() {
         checkpoint_every: 1,
         tokens_out: None,
         full_rings: false,
+        bos_on_graph: false,
     };
     let pb = indicatif::ProgressBar::hidden();
     // AIMET's sequence: param encodings first, activations observed with the weights fake-quantized.

@@ -14,6 +14,7 @@
 //! decode loops). Datasets are read by `hexq_model::dataset`. May import: model, graph, runtime, fsutil.
 
 mod decode;
+pub mod imatrix;
 mod observer;
 
 pub use decode::decode_batched;
@@ -99,6 +100,10 @@ pub struct Options {
     /// Run the decode graph at the full `graph.context` even when the prompts reach less far (see
     /// [`hexq_graph::build::spanning`]: the same ranges, slower; for proving that).
     pub full_rings: bool,
+    /// Compute position 0 (BOS) on the graph rather than take it from the host prefix
+    /// ([`hexq_model::prefix`]), so the observers see its row too: the importance matrix counts every
+    /// position, as llama.cpp computes (and llama-imatrix observes) them.
+    pub bos_on_graph: bool,
 }
 
 /// What a checkpoint holds: the settings it belongs to, how many prompts (in dataset order) are in it, and
@@ -281,6 +286,34 @@ pub fn calibrate_with(
     })
 }
 
+/// Token sequences given as ids (not a chat dataset: `hexq imatrix --text`, llama-imatrix's chunks side by
+/// side) through the batched decode loops, each from an empty cache, every position observed by `obs`.
+/// Returns the tokens fed. No guard applies: the caller chose raw text on purpose.
+pub fn observe_ids(
+    ck: Arc<Checkpoint>,
+    ids: &[Vec<u32>],
+    o: &Options,
+    pb: &indicatif::ProgressBar,
+    obs: RangeObserver,
+) -> Result<u64> {
+    let g = build(&ck.config, o.variant, &o.graph);
+    let skip: HashSet<String> = g.initializers.iter().map(|i| i.name.clone()).collect();
+    let mut run = Run {
+        obs: RangeObserver {
+            skip: Arc::new(skip),
+            ..obs
+        },
+        seen: HashSet::new(),
+        tokens: 0,
+        history: false,
+    };
+    pb.set_length(ids.len() as u64);
+    let mut interp = interp_backend(&ck, o, ids, None, &mut run.obs)?;
+    let key = serde_json::json!({"ids": ids.len()});
+    run.batched(&ck, &mut interp, ids, key, o, pb)?;
+    Ok(run.tokens)
+}
+
 /// The interpreter backend calibration observes: rings as long as the batched prompts reach (plus a
 /// never-written slot: the same value sets as full rings), the params baked once, the observer hooked.
 fn interp_backend(
@@ -317,6 +350,9 @@ fn interp_backend(
         interp.bake(p.as_mut())?;
     }
     lap("weights baked");
+    if o.bos_on_graph {
+        interp.prefix = None;
+    }
     interp.hook = Some(Box::new(obs.clone()));
     Ok(interp)
 }

@@ -18,6 +18,8 @@ pub struct RangeObserver {
     /// Observing a shorter-ring graph for the full one ([`hexq_graph::build::Span::tensors`]): recorded
     /// under the full graph's names with its element counts.
     pub span: Arc<HashMap<String, (String, usize, usize)>>,
+    /// The importance matrix (`hexq imatrix`): Σx² of every weighted MatMul's input, beside the ranges.
+    pub squares: Option<Arc<crate::imatrix::SquareSums>>,
 }
 
 impl RangeObserver {
@@ -47,6 +49,14 @@ impl Hook for RangeObserver {
         {
             return ts.iter().map(|t| self.tensor(name, t)).collect();
         }
+        if let Some(sq) = self
+            .squares
+            .as_ref()
+            .filter(|q| q.watches(self.full(name, 0).0))
+        {
+            let full = self.full(name, 0).0;
+            ts.par_iter().for_each(|t| sq.add(full, t));
+        }
         let me = &*self;
         let rs: Vec<Range> = ts
             .par_iter()
@@ -73,6 +83,9 @@ impl Hook for RangeObserver {
         let (name, count) = self.full(name, t.elem_count());
         if t.dtype() != CD::F32 || self.skip.contains(name) {
             return None;
+        }
+        if let Some(sq) = &self.squares {
+            sq.add(name, t);
         }
         if self.capture.contains(name) {
             let v: Vec<f32> = t.flatten_all().ok()?.to_vec1().ok()?;

@@ -155,6 +155,7 @@ pub fn run(a: Args) -> Result<()> {
         checkpoint_every: a.checkpoint_every,
         tokens_out: a.tokens_out.clone(),
         full_rings: a.full_rings,
+        bos_on_graph: false,
     };
     super::set_threads(a.threads);
     let (pe, mode) = match a.params {

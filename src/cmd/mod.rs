@@ -10,6 +10,7 @@ pub mod export;
 pub mod genie;
 pub mod gguf;
 pub mod graph;
+pub mod imatrix;
 pub mod import;
 pub mod inspect;
 pub mod pipeline;
