@@ -574,4 +574,85 @@ fn imatrix_equals_llama_imatrix_and_llama_quantize_takes_it() {
             .and_then(|v| v.as_u64()),
         Some(n as u64)
     );
+    // hexq's own --imatrix q4_0 against llama-quantize's, both from the converter-equal bf16 GGUF of the
+    // bf16 fixture: every tensor's bytes identical, every key identical but the file name recorded.
+    let bf = "tests/fixtures/tiny-gemma4-bf16";
+    ok(hexq(&[
+        "gguf",
+        "--model",
+        bf,
+        "--type",
+        "bf16",
+        "--out",
+        &p("bf16.gguf"),
+    ]));
+    ok(Command::new(bin("llama-quantize"))
+        .args([
+            "--imatrix",
+            &p("chat.gguf"),
+            "--pure",
+            &p("bf16.gguf"),
+            &p("llama-q4.gguf"),
+            "q4_0",
+        ])
+        .output()
+        .unwrap());
+    ok(hexq(&[
+        "gguf",
+        "--model",
+        bf,
+        "--type",
+        "q4_0",
+        "--pure",
+        "--imatrix",
+        &p("chat.gguf"),
+        "--out",
+        &p("hexq-q4.gguf"),
+    ]));
+    let (a, b) = (
+        hexq_gguf::GgufFile::open(Path::new(&p("hexq-q4.gguf"))).unwrap(),
+        hexq_gguf::GgufFile::open(Path::new(&p("llama-q4.gguf"))).unwrap(),
+    );
+    assert_eq!(a.tensors.len(), b.tensors.len());
+    let mut weighted = 0;
+    for (x, y) in a.tensors.iter().zip(&b.tensors) {
+        assert_eq!((&x.name, x.ty, &x.ne), (&y.name, y.ty, &y.ne));
+        assert!(
+            a.bytes(x) == b.bytes(y),
+            "{}: hexq's --imatrix blocks differ from llama-quantize's",
+            x.name
+        );
+        weighted += (x.ty == hexq_gguf::ggml::GgmlType::Q4_0) as usize;
+    }
+    let keys = |g: &hexq_gguf::GgufFile| -> Vec<String> {
+        g.kv.iter()
+            .filter(|(k, _)| *k != "quantize.imatrix.file")
+            .map(|(k, v)| format!("{k}={v:?}"))
+            .collect()
+    };
+    assert_eq!(keys(&a), keys(&b));
+    assert_eq!(
+        a.get("quantize.imatrix.file").and_then(|v| v.as_str()),
+        Some("chat.gguf")
+    );
+    // The weights changed the blocks: not the round-to-nearest file.
+    ok(hexq(&[
+        "gguf",
+        "--model",
+        bf,
+        "--type",
+        "q4_0",
+        "--pure",
+        "--out",
+        &p("rtn-q4.gguf"),
+    ]));
+    let r = hexq_gguf::GgufFile::open(Path::new(&p("rtn-q4.gguf"))).unwrap();
+    let changed = a
+        .tensors
+        .iter()
+        .zip(&r.tensors)
+        .filter(|(x, y)| a.bytes(x) != r.bytes(y))
+        .count();
+    eprintln!("imatrix q4_0: {weighted} q4_0 tensors bit-identical to llama-quantize's, {changed} differ from round-to-nearest");
+    assert!(changed >= weighted * 9 / 10, "{changed} of {weighted}");
 }

@@ -131,7 +131,7 @@ pub enum GgmlError {
     },
 }
 
-type Result<T> = std::result::Result<T, GgmlError>;
+pub(crate) type Result<T> = std::result::Result<T, GgmlError>;
 
 /// `x` must be whole blocks of `block` values.
 fn check_blocks(x: &[f32], block: usize, ty: &'static str) -> Result<()> {
@@ -145,7 +145,7 @@ fn check_blocks(x: &[f32], block: usize, ty: &'static str) -> Result<()> {
     }
 }
 
-fn check_finite(x: &[f32]) -> Result<()> {
+pub(crate) fn check_finite(x: &[f32]) -> Result<()> {
     match x.iter().position(|v| !v.is_finite()) {
         Some(index) => Err(GgmlError::NonFinite {
             value: x[index],
@@ -245,7 +245,7 @@ pub fn quantize_q8_0(x: &[f32], out: &mut Vec<u8>) -> Result<()> {
 /// integer is read back from the mantissa bits. Out-of-range input (ggml only asserts in debug builds) gives
 /// the same bits here as there.
 #[inline(always)]
-fn nearest_int(f: f32) -> i32 {
+pub(crate) fn nearest_int(f: f32) -> i32 {
     let v = f + 12582912.0f32;
     (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }

@@ -5,6 +5,7 @@
 //!   ggml-quants.c, bit for bit;
 //! - [`dequant`]: dequantizers for F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, bit-identical to gguf-py;
 //! - [`reader`]: a bounds-checked GGUF reader (header, key-values, tensor infos, mapped data);
+//! - [`weighted`]: the importance-weighted q4_0 quantizer (`quantize_row_q4_0_impl` with an imatrix);
 //! - [`imatrix`]: llama.cpp's importance-matrix files (GGUF and legacy `.dat`), read and written.
 //!
 //! May import: std, half, memmap2 — no other hexq crate: the format's facts, read and written by model, export and import.
@@ -13,5 +14,6 @@ pub mod dequant;
 pub mod ggml;
 pub mod imatrix;
 pub mod reader;
+pub mod weighted;
 
 pub use reader::{GgufError, GgufFile, TensorInfo, Value, ValueType};

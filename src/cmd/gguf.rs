@@ -18,6 +18,10 @@ pub struct Args {
     /// Every 2-D weight q4_0 (llama-quantize --pure).
     #[arg(long)]
     pub pure: bool,
+    /// An importance matrix (hexq imatrix or llama-imatrix; GGUF or legacy .dat): q4_0 blocks quantized
+    /// with its weights as `llama-quantize --imatrix` does.
+    #[arg(long)]
+    pub imatrix: Option<PathBuf>,
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long)]
@@ -32,6 +36,7 @@ impl Args {
             model,
             ty,
             pure,
+            imatrix: None,
             out,
             force: false,
             json: false,
@@ -47,7 +52,11 @@ pub fn run(a: Args) -> Result<()> {
     let pb = progress(checkpoint_bytes(&ck), "gguf");
     let t0 = std::time::Instant::now();
     let tick = |n: u64| pb.inc(n);
-    let (plan, sha) = gguf::write_gguf(&ck, out, a.ty, a.pure, &tick)?;
+    let imp = match &a.imatrix {
+        Some(p) => Some(gguf::Importance::read(p).map_err(|e| anyhow::anyhow!("{e}"))?),
+        None => None,
+    };
+    let (plan, sha) = gguf::write_gguf(&ck, out, a.ty, a.pure, imp.as_ref(), &tick)?;
     pb.finish_and_clear();
     let mut types = std::collections::BTreeMap::new();
     for p in &plan {
@@ -59,6 +68,10 @@ pub fn run(a: Args) -> Result<()> {
         "bytes": std::fs::metadata(out)?.len(),
         "sha256": sha,
         "type": a.ty.name(), "pure": a.pure, "tensors": plan.len(), "tensor_types": types,
+        "imatrix": match (&a.imatrix, &imp) {
+            (Some(p), Some(i)) => json!({"file": i.file, "sha256": hexq_fsutil::sha256_file(p)?, "entries": i.weights.len()}),
+            _ => serde_json::Value::Null,
+        },
         // The source's identity without a second pass over 10 GB: config.json's SHA256 and each
         // safetensors file's size and header SHA256 (names, dtypes, shapes, offsets).
         "source": {"dir": hexq_fsutil::dir_name(&ck.dir), "identity": hexq_export::source_identity(&ck)?},

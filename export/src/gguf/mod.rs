@@ -7,7 +7,9 @@
 //! gguf-py 0.19). Why our own writer: candle's `gguf_file::write` needs every tensor in memory, and gguf-rs
 //! only reads.
 
+mod importance;
 mod vocab;
+pub use importance::Importance;
 
 use hexq_gguf::ggml::{self, GgmlType};
 use hexq_model::config::Arch;
@@ -531,10 +533,36 @@ pub fn write_gguf(
     path: &Path,
     ft: FileType,
     pure: bool,
+    imp: Option<&Importance>,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(Vec<Plan>, String)> {
+    if imp.is_some() && ft == FileType::Q4_0 && !pure {
+        // llama-quantize's Q4_0 mix with an imatrix makes the first n_layer/8 ffn_down Q4_1
+        // (llama-quant.cpp, "Guard against craziness"), a type hexq does not write.
+        return Err(Error::file(
+            path,
+            "--imatrix with the default q4_0 mix needs q4_1 for the first ffn_down layers, which hexq does not write: pass --pure",
+        ));
+    }
     let plan = plan(ck, ft, pure)?;
-    let kv = metadata(ck, ft, &plan)?;
+    let mut kv = metadata(ck, ft, &plan)?;
+    if let Some(i) = imp {
+        for p in plan.iter().filter(|p| p.ty.is_block()) {
+            if let Some(w) = i.weights.get(&p.name).filter(|w| w.len() as u64 != p.ne[0]) {
+                return Err(Error::file(
+                    path,
+                    format!(
+                        "imatrix {}: {} has {} columns, its entry {}",
+                        i.file,
+                        p.name,
+                        p.ne[0],
+                        w.len()
+                    ),
+                ));
+            }
+        }
+        i.metadata(&mut kv);
+    }
     let head = header(&kv, &plan);
     let data: u64 = plan
         .iter()
@@ -552,6 +580,7 @@ pub fn write_gguf(
         written: 0,
         obuf: Vec::new(),
         fbuf: Vec::new(),
+        imp,
         progress,
     };
     for p in &plan {
@@ -601,6 +630,7 @@ struct TensorWriter<'a> {
     written: u64,
     obuf: Vec<u8>,
     fbuf: Vec<f32>,
+    imp: Option<&'a Importance>,
     progress: &'a (dyn Fn(u64) + Sync),
 }
 
@@ -611,10 +641,21 @@ impl TensorWriter<'_> {
         Ok(())
     }
 
-    /// `v` encoded as the planned type.
+    /// The importance weights for this tensor, when an imatrix has them and its type uses them.
+    fn weights(&self, p: &Plan) -> Option<&'_ [f32]> {
+        let w = self.imp?.weights.get(&p.name)?;
+        (p.ty == ggml::GgmlType::Q4_0).then_some(w.as_slice())
+    }
+
+    /// `v` encoded as the planned type (importance-weighted where [`Self::weights`] says).
     fn encode(&mut self, p: &Plan, v: &[f32]) -> Result<()> {
         let mut obuf = std::mem::take(&mut self.obuf);
-        ggml::encode_into(p.ty, v, p.ne[0] as usize, &mut obuf).map_err(|m| self.bad(p, m))?;
+        let row = p.ne[0] as usize;
+        match self.weights(p) {
+            Some(w) => hexq_gguf::weighted::encode_weighted_into(p.ty, v, row, w, &mut obuf),
+            None => ggml::encode_into(p.ty, v, row, &mut obuf),
+        }
+        .map_err(|m| self.bad(p, m))?;
         let r = self.put(&obuf);
         self.obuf = obuf;
         r
@@ -667,7 +708,7 @@ impl TensorWriter<'_> {
             r?;
         } else if p.ty == ggml::GgmlType::BF16 && dt == DType::BF16 && !nan(chunk) {
             self.put(chunk)?;
-        } else if p.ty.is_block() && dt == DType::BF16 {
+        } else if p.ty.is_block() && dt == DType::BF16 && self.weights(p).is_none() {
             let mut obuf = std::mem::take(&mut self.obuf);
             ggml::encode_bf16_into(p.ty, chunk, p.ne[0] as usize, &mut obuf)
                 .map_err(|m| self.bad(p, m))?;
