@@ -227,7 +227,24 @@ pub fn io_differences(io: &Value, cfg: &ModelConfig) -> Vec<Value> {
 }
 
 /// Quantize an f32 table (rows × multiplier) to a ufixed LUT with the graph input's encoding, streamed.
-fn write_lut(src: &Path, mult: f32, enc: (f64, i64, u32), dst: &Path) -> Result<u64> {
+/// A host tensor's values from its stored dtype (host-model.json `dtype`): f32, or the checkpoint's bf16 /
+/// f16 kept native. The int8/int4 host formats carry scales a LUT would have to fold in first.
+fn host_value(dtype: &str, src: &Path) -> Result<(usize, fn(&[u8]) -> f32)> {
+    Ok(match dtype {
+        "f32" => (4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        "bf16" => (2, |c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+        "f16" => (2, |c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+        d => {
+            return Err(Error::file(
+                src,
+                format!("a {d} host tensor: Genie LUTs are made from f32, bf16 or f16 host models (export --host native)"),
+            ))
+        }
+    })
+}
+
+fn write_lut(src: &Path, dtype: &str, mult: f32, enc: (f64, i64, u32), dst: &Path) -> Result<u64> {
+    let (size, value) = host_value(dtype, src)?;
     let (scale, offset, bw) = enc;
     let e = hexq_quantize::Encoding {
         bitwidth: bw,
@@ -248,15 +265,15 @@ fn write_lut(src: &Path, mult: f32, enc: (f64, i64, u32), dst: &Path) -> Result<
             if carry != 0 {
                 return Err(Error::file(
                     src,
-                    "length is not a whole number of f32 values",
+                    format!("length is not a whole number of {dtype} values"),
                 ));
             }
             break;
         }
         let have = carry + k;
-        let whole = have - have % 4;
-        for c in buf[..whole].chunks_exact(4) {
-            let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * mult;
+        let whole = have - have % size;
+        for c in buf[..whole].chunks_exact(size) {
+            let x = value(c) * mult;
             let q = e.quantize(x);
             if bw == 8 {
                 w.write_all(&[q as u8]).at(dst)?;
@@ -273,13 +290,14 @@ fn write_lut(src: &Path, mult: f32, enc: (f64, i64, u32), dst: &Path) -> Result<
 }
 
 /// One host-model tensor's file and row multiplier (host-model.json).
-fn host_tensor(host: &Value, name: &str) -> Option<(String, f32, Vec<usize>)> {
+fn host_tensor(host: &Value, name: &str) -> Option<(String, String, f32, Vec<usize>)> {
     let t = host["tensors"]
         .as_array()?
         .iter()
         .find(|t| t["name"] == name)?;
     Some((
         t["file"].as_str()?.to_string(),
+        t["dtype"].as_str().unwrap_or("f32").to_string(),
         t["row_multiplier"].as_f64().unwrap_or(1.0) as f32,
         t["shape"]
             .as_array()?
@@ -327,9 +345,9 @@ fn write_luts(
     ple: Option<(f64, i64, u32)>,
 ) -> Result<Map<String, Value>> {
     let mut luts = Map::new();
-    let (ef, em, es) = host_tensor(host, "embed_tokens.weight")
+    let (ef, ed, em, es) = host_tensor(host, "embed_tokens.weight")
         .ok_or_else(|| Error::file(&hm.join("host-model.json"), "no embed_tokens.weight"))?;
-    let n = write_lut(&hm.join(&ef), em, embed, &stage.path(EMBED_LUT))?;
+    let n = write_lut(&hm.join(&ef), &ed, em, embed, &stage.path(EMBED_LUT))?;
     if n as usize != es.iter().product::<usize>() {
         return Err(Error::file(
             &hm.join(&ef),
@@ -341,13 +359,14 @@ fn write_luts(
         json!({"from": ef, "row_multiplier": em, "shape": es, "encoding": embed_json(embed)}),
     );
     if let Some(p) = ple {
-        let (pf, pm, ps) = host_tensor(host, "embed_tokens_per_layer.weight").ok_or_else(|| {
-            Error::file(
-                &hm.join("host-model.json"),
-                "no embed_tokens_per_layer.weight",
-            )
-        })?;
-        write_lut(&hm.join(&pf), pm, p, &stage.path(PLE_LUT))?;
+        let (pf, pd, pm, ps) =
+            host_tensor(host, "embed_tokens_per_layer.weight").ok_or_else(|| {
+                Error::file(
+                    &hm.join("host-model.json"),
+                    "no embed_tokens_per_layer.weight",
+                )
+            })?;
+        write_lut(&hm.join(&pf), &pd, pm, p, &stage.path(PLE_LUT))?;
         luts.insert(
             PLE_LUT.into(),
             json!({"from": pf, "row_multiplier": pm, "shape": ps, "encoding": embed_json(p)}),
@@ -467,6 +486,30 @@ fn embed_json((scale, offset, bw): (f64, i64, u32)) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A native bf16 host model (every E2B build: the checkpoint's dtype) gives the LUT its f32 copy gives.
+    #[test]
+    fn luts_from_bf16_and_f32_host_files_are_the_same_bytes() {
+        let d = std::env::temp_dir().join(format!("hexq-lut-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let vals: Vec<half::bf16> = (0..3000)
+            .map(|i| half::bf16::from_f32((i as f32 - 1500.0) / 97.0))
+            .collect();
+        let bf: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let f: Vec<u8> = vals.iter().flat_map(|v| v.to_f32().to_le_bytes()).collect();
+        std::fs::write(d.join("a.bf16"), bf).unwrap();
+        std::fs::write(d.join("a.f32"), f).unwrap();
+        let enc = (0.01, -20000, 16);
+        let n1 = write_lut(&d.join("a.bf16"), "bf16", 4.0, enc, &d.join("l1")).unwrap();
+        let n2 = write_lut(&d.join("a.f32"), "f32", 4.0, enc, &d.join("l2")).unwrap();
+        assert_eq!((n1, n2), (3000, 3000));
+        assert_eq!(
+            std::fs::read(d.join("l1")).unwrap(),
+            std::fs::read(d.join("l2")).unwrap()
+        );
+        assert!(write_lut(&d.join("a.f32"), "int8", 1.0, enc, &d.join("l3")).is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     /// The key structure of Qualcomm's validated E2B bundle (geniex-qairt-plugin genie_config.e2b.json,
     /// values abridged) passes; unknown keys, missing fields, wrong types and versions are caught.
