@@ -34,6 +34,11 @@ pub struct Args {
     /// Worker threads for the weight multiplies (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Leave position 0 (BOS) out of the sums: it is the same for every prompt, and on a trained Gemma its
+    /// activations are ~10× any other position's (see hexq_model::prefix), so counted once per prompt it
+    /// weighs the columns it is large in far more than llama-imatrix (once per 512-token chunk) does.
+    #[arg(long)]
+    pub skip_bos: bool,
     /// Turn the guards' refusals (raw-text records, no chat-template tokens) into warnings.
     #[arg(long)]
     pub ignore_guards: bool,
@@ -76,7 +81,7 @@ pub fn run(a: Args) -> Result<()> {
         checkpoint_every: usize::MAX,
         tokens_out: None,
         full_rings: false,
-        bos_on_graph: true,
+        bos_on_graph: !a.skip_bos,
     };
     super::set_threads(a.threads);
     let g = hexq_graph::build(&ck.config, o.variant, &o.graph);
