@@ -212,16 +212,7 @@ pub fn calibrate_with(
     }
     let g = build(&ck.config, o.variant, &o.graph);
     let graph_sha = g.content_hash();
-    let skip: HashSet<String> = g.initializers.iter().map(|i| i.name.clone()).collect();
-    let mut run = Run {
-        obs: RangeObserver {
-            skip: Arc::new(skip),
-            ..obs
-        },
-        seen: HashSet::new(),
-        tokens: 0,
-        history: false,
-    };
+    let mut run = Run::new(&g, obs);
     let batched =
         matches!(engine, Engine::Interp { .. }) && o.variant != Variant::Trunk && !o.noise;
     pb.set_length(recs.len() as u64);
@@ -296,17 +287,7 @@ pub fn observe_ids(
     pb: &indicatif::ProgressBar,
     obs: RangeObserver,
 ) -> Result<u64> {
-    let g = build(&ck.config, o.variant, &o.graph);
-    let skip: HashSet<String> = g.initializers.iter().map(|i| i.name.clone()).collect();
-    let mut run = Run {
-        obs: RangeObserver {
-            skip: Arc::new(skip),
-            ..obs
-        },
-        seen: HashSet::new(),
-        tokens: 0,
-        history: false,
-    };
+    let mut run = Run::new(&build(&ck.config, o.variant, &o.graph), obs);
     pb.set_length(ids.len() as u64);
     let mut interp = interp_backend(&ck, o, ids, None, &mut run.obs)?;
     let key = serde_json::json!({"ids": ids.len()});
@@ -367,6 +348,20 @@ struct Run {
 }
 
 impl Run {
+    /// Nothing gathered yet; `obs` skips the graph's initializers (weights get encodings from their values).
+    fn new(g: &hexq_graph::Graph, obs: RangeObserver) -> Self {
+        let skip: HashSet<String> = g.initializers.iter().map(|i| i.name.clone()).collect();
+        Run {
+            obs: RangeObserver {
+                skip: Arc::new(skip),
+                ..obs
+            },
+            seen: HashSet::new(),
+            tokens: 0,
+            history: false,
+        }
+    }
+
     /// Every prompt through [`decode_batched`], resumable from `o.checkpoint` (keyed by `key`).
     fn batched(
         &mut self,

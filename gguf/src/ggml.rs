@@ -250,56 +250,13 @@ pub(crate) fn nearest_int(f: f32) -> i32 {
     (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
-/// `make_qx_quants(16, 32, x, L, rmse_type = 1, NULL)`: the sub-block scale and its levels `L` (0..63). The
-/// straight port, kept as the reference the 16-lane version is tested against.
+/// `make_qx_quants(16, 32, x, L, rmse_type = 1, NULL)`: the sub-block scale and its levels `L` (0..63) — the
+/// weighted search with weights x² (what rmse_type 1 uses without quant weights). The straight port, kept as
+/// the reference the 16-lane version is tested against.
 #[cfg(test)]
 fn make_qx_quants_16(x: &[f32], l_out: &mut [i8]) -> f32 {
-    const NMAX: i32 = 32;
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
-    if amax < 1e-15 {
-        l_out.fill(0);
-        return 0.0;
-    }
-    let sums = |iscale: f32| {
-        let (mut sumlx, mut suml2) = (0f32, 0f32);
-        for &v in x {
-            let l = nearest_int(iscale * v).clamp(-NMAX, NMAX - 1) as f32;
-            let w = v * v;
-            sumlx += w * v * l;
-            suml2 += w * l * l;
-        }
-        (sumlx, suml2)
-    };
-    let levels = |iscale: f32, l_out: &mut [i8]| {
-        for (o, &v) in l_out.iter_mut().zip(x) {
-            *o = (nearest_int(iscale * v).clamp(-NMAX, NMAX - 1) + NMAX) as i8;
-        }
-    };
-    let iscale = -(NMAX as f32) / max;
-    levels(iscale, l_out);
-    let (sumlx, suml2) = sums(iscale);
-    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
-    let mut best = scale * sumlx;
-    for is in -9i32..=9 {
-        if is == 0 {
-            continue;
-        }
-        let iscale = -(NMAX as f32 + 0.1f32 * is as f32) / max;
-        let (sumlx, suml2) = sums(iscale);
-        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
-            levels(iscale, l_out);
-            scale = sumlx / suml2;
-            best = scale * sumlx;
-        }
-    }
-    scale
+    let w: Vec<f32> = x.iter().map(|v| v * v).collect();
+    crate::weighted::make_qx_quants(32, x, l_out, &w)
 }
 
 /// [`make_qx_quants_16`] on the 16 sub-blocks of a q6_K super-block at once, one sub-block per SIMD lane:

@@ -78,6 +78,30 @@ pub struct Files {
     pub spm: Vec<u8>,
 }
 
+/// Gemma's tokenizer.json around a vocabulary: the byte-fallback BPE with the "▁" normalizer, split on spaces,
+/// and the decoder that undoes them (Gemma-3 and Gemma-4 share it).
+fn gemma_bpe(
+    added_tokens: Vec<serde_json::Value>,
+    post: serde_json::Value,
+    unk: &str,
+    vmap: serde_json::Map<String, serde_json::Value>,
+    merges: serde_json::Value,
+) -> serde_json::Value {
+    json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": added_tokens,
+        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
+        "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false},
+        "post_processor": post,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vmap, "merges": merges},
+    })
+}
+
 /// The tokenizer files a GGUF's vocabulary describes: `llama` (SentencePiece: Gemma-3) or `gemma4` (BPE).
 pub fn files(g: &GgufFile) -> Result<Files> {
     let model = g
@@ -132,20 +156,9 @@ fn gemma4_files(g: &GgufFile) -> Result<Files> {
         .filter(|(_, t)| matches!(t, 3 | 4))
         .map(|(i, &t)| added(i, &tokens[i], t == 3))
         .collect();
-    let tj = json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": added_tokens,
-        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
-        "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false},
-        "post_processor": {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {}},
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"}]},
-        "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-                  "vocab": vmap, "merges": merges},
-    });
+    let post = json!({"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}], "special_tokens": {}});
+    let tj = gemma_bpe(added_tokens, post, &unk, vmap, json!(merges));
     let template = g
         .get("tokenizer.chat_template")
         .and_then(Value::as_str)
@@ -235,19 +248,7 @@ fn spm_files(g: &GgufFile) -> Result<Files> {
             "special_tokens": {bos.clone(): {"id": bos, "ids": [id_of("bos_token_id", 2)], "tokens": [bos]}}}),
         false => serde_json::Value::Null,
     };
-    let tj = json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": added_tokens,
-        "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"},
-        "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false},
-        "post_processor": post,
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-            {"type": "ByteFallback"}, {"type": "Fuse"}]},
-        "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-                  "vocab": vmap, "merges": merges},
-    });
+    let tj = gemma_bpe(added_tokens, post, &unk, vmap, json!(merges));
     let decoder: serde_json::Map<_, _> = special
         .iter()
         .map(|&(i, s)| {
