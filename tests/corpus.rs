@@ -1147,7 +1147,8 @@ fn generation_reaching_the_context_stops_with_context_full() {
 }
 
 /// Ctrl-C / a scheduler's SIGTERM mid-write: exit 130 / 143 and no temp output left (synth of the E2B
-/// config writes ~10 GB, so it is always mid-write at 1.5 s; calibrate on the full dataset likewise).
+/// config writes ~10 GB, so it is mid-write once its temp directory exists; calibrate on the full dataset is
+/// mid-run at 1.5 s).
 #[test]
 fn interrupted_writers_leave_nothing() {
     let t = tempfile::tempdir().unwrap();
@@ -1181,17 +1182,30 @@ fn interrupted_writers_leave_nothing() {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hexq"))
             .args(&args)
             .current_dir(common::root())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(1500));
+        // Kill as soon as the temp output exists (synth) or after 1.5 s (calibrate writes at the end), so
+        // the signal lands mid-write however fast the disk is and before a small disk could fill.
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_millis(1500)
+            && std::fs::read_dir(t.path()).unwrap().next().is_none()
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
         let k = Command::new("kill")
             .args([format!("-{sig}"), child.id().to_string()])
             .status()
             .unwrap();
         assert!(k.success());
-        let st = child.wait().unwrap();
-        assert_eq!(st.code(), Some(code), "{args:?} after SIG{sig}");
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(code),
+            "{args:?} after SIG{sig}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         let left: Vec<_> = std::fs::read_dir(t.path())
             .unwrap()
             .flatten()
