@@ -1,27 +1,52 @@
-//! The importance matrix gathered during calibration: for every weight matrix llama-quantize weights
-//! (`blk.*`, as llama-imatrix collects by default), Σx² of each input column over every token the decode
-//! loops fed, and the token count — llama.cpp's `IMatrixCollector::collect_imatrix` for a dense MUL_MAT.
-//! The sums are kept in f64 (llama.cpp: f32) so that the order parallel chains arrive in does not show in
-//! the f32 file; unlike llama-imatrix, single-token decode calls count too (it skips batches under 16
-//! tokens, which would drop every decode step — the inputs hexq calibrates on).
+//! What each weight's input looked like during calibration, for the roundings that use it:
+//! - **Σx² per input column** (`Sums::Squares`): llama.cpp's importance matrix — for every weight matrix
+//!   llama-quantize weights (`blk.*`, as llama-imatrix collects by default), Σx² of each input column over
+//!   every token the decode loops fed, and the token count (`IMatrixCollector::collect_imatrix` for a dense
+//!   MUL_MAT). Unlike llama-imatrix, single-token decode calls count too (it skips batches under 16 tokens,
+//!   which would drop every decode step — the inputs hexq calibrates on).
+//! - **Σxxᵀ** (`Sums::Gram`): the Gram matrix of the input, `H/2` of GPTQ and the exact form of SeqMSE's
+//!   loss (`‖X(w − q)‖² = (w − q)ᵀ Σxxᵀ (w − q)`), for the MatMul weights of a chosen set of layers (E2B's
+//!   are ~1 GB a layer in f64, so a caller bounds memory by collecting a few layers a pass).
+//!
+//! Sums are kept in f64 so that the order parallel chains arrive in does not show in f32 results.
 
 use candle_core::{DType as CD, Tensor};
 use hexq_graph::ir::{Graph, InitSource, Op};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-/// Σx² per input column and the rows seen, for each graph tensor that feeds a weighted MatMul.
+/// One weighted MatMul: its initializer (the `[in, out]` view) and the checkpoint tensor behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fed {
+    pub init: String,
+    pub tensor: String,
+}
+
+/// Per-input accumulators for each graph tensor that feeds weighted MatMuls.
 pub struct SquareSums {
+    gram: bool,
     /// Activation (full-graph name) → its slot.
     slot: HashMap<String, usize>,
-    /// Slot → the GGUF names of the weights it feeds (q, k and v share one input).
-    weights: Vec<Vec<String>>,
+    /// Slot → the weights it feeds (q, k and v share one input).
+    weights: Vec<Vec<Fed>>,
+    /// Slot → (Σx² per column, or Σxxᵀ row-major; rows seen).
     sums: Vec<Mutex<(Vec<f64>, u64)>>,
 }
 
 impl SquareSums {
-    /// The MatMuls of `g` whose weight is a checkpoint tensor with a `blk.` GGUF name.
+    /// Σx² for the MatMuls of `g` whose weight is a checkpoint tensor with a `blk.` GGUF name.
     pub fn for_graph(g: &Graph) -> Self {
+        Self::build(g, false, &|t| {
+            hexq_model::names::gguf_name(t).is_some_and(|n| n.starts_with("blk."))
+        })
+    }
+
+    /// Σxxᵀ for the MatMuls of `g` whose checkpoint weight `keep` accepts (prefix-relative names).
+    pub fn gram_for(g: &Graph, keep: &dyn Fn(&str) -> bool) -> Self {
+        Self::build(g, true, keep)
+    }
+
+    fn build(g: &Graph, gram: bool, keep: &dyn Fn(&str) -> bool) -> Self {
         let inits: HashMap<&str, &str> = g
             .initializers
             .iter()
@@ -31,6 +56,7 @@ impl SquareSums {
             })
             .collect();
         let mut s = SquareSums {
+            gram,
             slot: HashMap::new(),
             weights: Vec::new(),
             sums: Vec::new(),
@@ -40,11 +66,7 @@ impl SquareSums {
             .iter()
             .filter(|n| n.op == Op::MatMul && n.inputs.len() == 2)
         {
-            let Some(w) = inits.get(n.inputs[1].as_str()) else {
-                continue;
-            };
-            let Some(name) = hexq_model::names::gguf_name(w).filter(|n| n.starts_with("blk."))
-            else {
+            let Some(&w) = inits.get(n.inputs[1].as_str()).filter(|w| keep(w)) else {
                 continue;
             };
             let k = *s.slot.entry(n.inputs[0].clone()).or_insert_with(|| {
@@ -52,8 +74,12 @@ impl SquareSums {
                 s.sums.push(Mutex::new((Vec::new(), 0)));
                 s.weights.len() - 1
             });
-            if !s.weights[k].contains(&name) {
-                s.weights[k].push(name);
+            let fed = Fed {
+                init: n.inputs[1].clone(),
+                tensor: w.to_string(),
+            };
+            if !s.weights[k].contains(&fed) {
+                s.weights[k].push(fed);
             }
         }
         s
@@ -61,6 +87,11 @@ impl SquareSums {
 
     pub fn watches(&self, name: &str) -> bool {
         self.slot.contains_key(name)
+    }
+
+    /// The weights watched, over all slots.
+    pub fn fed(&self) -> impl Iterator<Item = &Fed> {
+        self.weights.iter().flatten()
     }
 
     /// Add one tensor's rows (its last dimension is the input columns).
@@ -72,6 +103,34 @@ impl SquareSums {
             return;
         }
         let cols = *t.dims().last().unwrap_or(&1);
+        let rows = t.elem_count() / cols.max(1);
+        if self.gram {
+            // XᵀX of the batch by the f32 GEMM, then added in f64: one product per batch, not per token.
+            let Ok(x) = t.reshape((rows, cols)) else {
+                return;
+            };
+            let Ok(g) = x
+                .t()
+                .and_then(|xt| xt.contiguous())
+                .and_then(|xt| xt.matmul(&x))
+                .and_then(|g| g.flatten_all())
+                .and_then(|g| g.to_vec1::<f32>())
+            else {
+                return;
+            };
+            let mut e = self.sums[k].lock().unwrap();
+            if e.0.is_empty() {
+                e.0 = vec![0.0; cols * cols];
+            }
+            if e.0.len() != cols * cols {
+                return;
+            }
+            for (a, x) in e.0.iter_mut().zip(&g) {
+                *a += *x as f64;
+            }
+            e.1 += rows as u64;
+            return;
+        }
         let Ok(v) = t.flatten_all().and_then(|f| f.to_vec1::<f32>()) else {
             return;
         };
@@ -87,7 +146,7 @@ impl SquareSums {
                 *a += (*x as f64) * (*x as f64);
             }
         }
-        e.1 += (v.len() / cols) as u64;
+        e.1 += rows as u64;
     }
 
     /// Per GGUF weight name: (Σx² per column as f32, tokens). Weights whose input was never seen are left out.
@@ -98,11 +157,45 @@ impl SquareSums {
             if e.1 == 0 {
                 continue;
             }
-            let s: Vec<f32> = e.0.iter().map(|&x| x as f32).collect();
+            let s: Vec<f32> = match self.gram {
+                false => e.0.iter().map(|&x| x as f32).collect(),
+                true => {
+                    let n = (e.0.len() as f64).sqrt() as usize;
+                    (0..n).map(|i| e.0[i * n + i] as f32).collect()
+                }
+            };
             for w in ws {
-                m.insert(w.clone(), (s.clone(), e.1));
+                if let Some(name) = hexq_model::names::gguf_name(&w.tensor) {
+                    m.insert(name, (s.clone(), e.1));
+                }
             }
         }
         m
     }
+
+    /// Σxxᵀ (`n × n`, row-major) and the rows seen, per initializer fed; taken out of the collector.
+    pub fn take_grams(&self) -> BTreeMap<String, std::sync::Arc<Gram>> {
+        let mut m = BTreeMap::new();
+        for (k, ws) in self.weights.iter().enumerate() {
+            let mut e = self.sums[k].lock().unwrap();
+            if e.1 == 0 || !self.gram {
+                continue;
+            }
+            let h = std::mem::take(&mut e.0);
+            let n = (h.len() as f64).sqrt() as usize;
+            let g = std::sync::Arc::new(Gram { n, h, rows: e.1 });
+            for w in ws {
+                m.insert(w.init.clone(), g.clone());
+            }
+        }
+        m
+    }
+}
+
+/// Σxxᵀ of one input over the calibration rows.
+#[derive(Debug, Clone)]
+pub struct Gram {
+    pub n: usize,
+    pub h: Vec<f64>,
+    pub rows: u64,
 }

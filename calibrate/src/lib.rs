@@ -124,7 +124,12 @@ pub type ParamMode = String;
 pub fn model_hash(ck: &Checkpoint) -> Result<String> {
     let cfgp = ck.dir.join("config.json");
     let mut ps: Vec<&Path> = vec![cfgp.as_path()];
-    ps.extend(ck.store.files.iter().map(|p| p.as_path()));
+    // The checkpoint's own files: rounded-weight overlays do not change which model it is.
+    ps.extend(
+        ck.store.files[..ck.store.base_files]
+            .iter()
+            .map(|p| p.as_path()),
+    );
     Ok(hexq_fsutil::sha256_files(&ps)?)
 }
 

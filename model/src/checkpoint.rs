@@ -88,6 +88,31 @@ impl Checkpoint {
         })
     }
 
+    /// Read the decoder tensors of safetensors file `p` instead of the checkpoint's (same names, same shapes,
+    /// float): the rounded weights a GPTQ encodings file names. A tensor the decoder has not is refused.
+    pub fn overlay(&mut self, p: &Path) -> Result<()> {
+        for info in self.store.overlay(p)? {
+            let Some((_, slot)) = self.tensors.iter_mut().find(|(_, t)| t.name == info.name) else {
+                return Err(Error::tensor(p, &info.name, "not a tensor of the decoder"));
+            };
+            if info.shape != slot.shape {
+                return Err(Error::tensor(
+                    p,
+                    &info.name,
+                    format!(
+                        "{} {:?} does not replace the checkpoint's {} {:?}",
+                        info.dtype.name(),
+                        info.shape,
+                        slot.dtype.name(),
+                        slot.shape
+                    ),
+                ));
+            }
+            *slot = info;
+        }
+        Ok(())
+    }
+
     /// Location of a decoder tensor by its prefix-relative name (`layers.0.mlp.up_proj.weight`).
     pub fn info(&self, name: &str) -> Result<&TensorInfo> {
         self.tensors

@@ -57,6 +57,8 @@ impl TensorInfo {
 /// All safetensors files of one checkpoint, mapped.
 pub struct SafetensorsStore {
     pub files: Vec<PathBuf>,
+    /// The checkpoint's own files: `files[..base_files]`; the rest are overlays ([`Self::overlay`]).
+    pub base_files: usize,
     maps: Vec<std::sync::Arc<Mmap>>,
     tensors: BTreeMap<String, TensorInfo>,
 }
@@ -142,9 +144,25 @@ impl SafetensorsStore {
         }
         Ok(Self {
             files: paths.to_vec(),
+            base_files: paths.len(),
             maps,
             tensors,
         })
+    }
+
+    /// Map one more safetensors file whose tensors replace the same-named ones (rounded weights written by
+    /// `hexq quantize --rounding gptq`); returns its tensors.
+    pub fn overlay(&mut self, p: &Path) -> Result<Vec<TensorInfo>> {
+        let f = File::open(p).map_err(|e| Error::io(p, e))?;
+        // SAFETY: as in open_files.
+        let m = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(p, e))?;
+        let infos = parse_header(p, &m, self.files.len())?;
+        self.files.push(p.to_path_buf());
+        self.maps.push(std::sync::Arc::new(m));
+        for i in &infos {
+            self.tensors.insert(i.name.clone(), i.clone());
+        }
+        Ok(infos)
     }
 
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {

@@ -31,6 +31,7 @@ mod encoding;
 pub mod lpbq;
 mod overrides;
 pub mod quantsim;
+pub mod rounding;
 mod ties;
 
 pub use encoding::{min_scale, round_half_away, Encoding};

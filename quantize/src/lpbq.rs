@@ -71,28 +71,48 @@ pub fn encode(w: &[f32], cols: usize, block: usize, bw: u32, scale_bits: u32) ->
         cols.is_multiple_of(block),
         "{cols} inputs are not a multiple of block {block}"
     );
-    let nb = cols / block;
-    let rows = w.len() / cols;
-    let mut channel_scale = Vec::with_capacity(rows);
-    let mut int_scale = Vec::with_capacity(rows * nb);
+    from_block_scales(
+        &block_scales(w, cols, block, bw),
+        cols / block,
+        block,
+        bw,
+        scale_bits,
+    )
+}
+
+/// AIMET's blockwise min-max scale of every block of `block` inputs of each row of `w` ([out, in]), row-major.
+pub fn block_scales(w: &[f32], cols: usize, block: usize, bw: u32) -> Vec<f64> {
+    w.chunks(cols)
+        .flat_map(|row| row.chunks(block))
+        .map(|b| {
+            let (lo, hi) = b
+                .iter()
+                .fold((0f32, 0f32), |(a, c), &x| (a.min(x), c.max(x)));
+            Encoding::compute(bw, lo as f64, hi as f64, true).scale
+        })
+        .collect()
+}
+
+/// The scale compression of blockwise scales ([out, nb] row-major): per channel `max / 2^scale_bits`, each
+/// block's integer `clip(round_half_even(scale / per), 1, 2^scale_bits)`.
+pub fn from_block_scales(
+    scales: &[f64],
+    nb: usize,
+    block: usize,
+    bw: u32,
+    scale_bits: u32,
+) -> Lpbq {
     let levels = 2f64.powi(scale_bits as i32);
-    for row in w.chunks(cols) {
-        let scales: Vec<f64> = row
-            .chunks(block)
-            .map(|b| {
-                let (lo, hi) = b
-                    .iter()
-                    .fold((0f32, 0f32), |(a, c), &x| (a.min(x), c.max(x)));
-                Encoding::compute(bw, lo as f64, hi as f64, true).scale
-            })
-            .collect();
-        let max = scales.iter().fold(0f64, |a, &s| a.max(s));
-        let per = max / levels;
+    let mut channel_scale = Vec::with_capacity(scales.len() / nb);
+    let mut int_scale = Vec::with_capacity(scales.len());
+    for row in scales.chunks(nb) {
+        let per = row.iter().fold(0f64, |a, &s| a.max(s)) / levels;
         channel_scale.push(per);
-        for s in scales {
-            // numpy's round is half to even.
-            int_scale.push((s / per).round_ties_even().clamp(1.0, levels) as u32);
-        }
+        // numpy's round is half to even.
+        int_scale.extend(
+            row.iter()
+                .map(|s| (s / per).round_ties_even().clamp(1.0, levels) as u32),
+        );
     }
     Lpbq {
         bw,
@@ -138,6 +158,16 @@ impl Lpbq {
             return unsafe { avx2(self, w, cols) };
         }
         self.fake_body(w, cols)
+    }
+
+    /// One weight's grid point: row `c`, input `col` (the arithmetic of [`Self::fake`]).
+    pub fn fake_one(&self, c: usize, col: usize, x: f32, cols: usize) -> f32 {
+        let nb = cols / self.block;
+        let b = col / self.block;
+        let s = self.int_scale[c * nb + b] as f64 * self.channel_scale[c];
+        let s32 = self.int_scale[c * nb + b] as f32 * self.channel_scale[c] as f32;
+        let h = 2f64.powi(self.bw as i32 - 1);
+        (x as f64 / s).round_ties_even().clamp(-h, h - 1.0) as f32 * s32
     }
 
     #[inline(always)]

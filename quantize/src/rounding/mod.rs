@@ -1,0 +1,181 @@
+//! Calibration-aware rounding of the MatMul weights onto the grids the encodings describe:
+//! `seqmse` chooses each channel's (or LPBQ block's) scale by the output error on the calibration inputs
+//! ([`seqmse`], aimet-onnx's Sequential MSE); `gptq` keeps the scales and chooses the integers ([`gptq`]);
+//! `seqmse-gptq` does both, in that order. Both read the inputs' Gram matrices gathered during the
+//! chat-formatted calibration ([`hexq_calibrate::imatrix::SquareSums::gram_for`]).
+//!
+//! GPTQ's result is weights: the rounded values, each exactly on its grid, written as an f32 safetensors
+//! overlay beside the encodings ([`write_overlay`]) that [`hexq_model::Checkpoint::overlay`] reads in place
+//! of the checkpoint's, so quantsim, the QDQ export and the QNN compile round them to the same integers.
+//!
+//! The room: `mod.rs` (the methods, the entry point, the overlay), `seqmse.rs`, `gptq.rs`, `linalg.rs`.
+
+pub mod gptq;
+mod linalg;
+pub mod seqmse;
+
+use crate::{lpbq::LpbqEncoding, Encodings};
+use hexq_calibrate::imatrix::Gram;
+use hexq_graph::ir::{Graph, InitSource};
+use hexq_model::{Checkpoint, Error, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rounding {
+    Rtn,
+    SeqMse,
+    Gptq(gptq::Options),
+    SeqMseGptq(gptq::Options),
+}
+
+impl Rounding {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Rounding::Rtn => "rtn",
+            Rounding::SeqMse => "seqmse",
+            Rounding::Gptq(_) => "gptq",
+            Rounding::SeqMseGptq(_) => "seqmse-gptq",
+        }
+    }
+    pub fn needs_inputs(&self) -> bool {
+        *self != Rounding::Rtn
+    }
+    fn gptq(&self) -> Option<&gptq::Options> {
+        match self {
+            Rounding::Gptq(o) | Rounding::SeqMseGptq(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
+/// The MatMul weights a rounding works on: initializer (the `[in, out]` view) → checkpoint tensor.
+pub fn targets(graph: &Graph) -> BTreeMap<String, String> {
+    let mw = crate::matmul_weights(graph);
+    graph
+        .initializers
+        .iter()
+        .filter(|i| mw.contains(i.name.as_str()))
+        .filter_map(|i| match &i.source {
+            InitSource::Weight {
+                tensor,
+                transpose: true,
+            } => Some((i.name.clone(), tensor.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Rounded weights: checkpoint tensor (prefix-relative) → `[out, in]` values, each on its grid.
+pub type Rounded = BTreeMap<String, Vec<f32>>;
+
+/// Apply `r` to the weights of `grams` (initializer → Σxxᵀ of its input): SeqMSE rewrites their encodings
+/// in `enc`; GPTQ returns their rounded values.
+pub fn apply(
+    ck: &Checkpoint,
+    graph: &Graph,
+    enc: &mut Encodings,
+    grams: &BTreeMap<String, Arc<Gram>>,
+    r: &Rounding,
+    progress: &dyn Fn(&str),
+) -> Result<Rounded> {
+    let tg = targets(graph);
+    let mut out = Rounded::new();
+    for (init, gram) in grams {
+        let Some(tensor) = tg.get(init) else {
+            continue;
+        };
+        progress(init);
+        let info = ck.info(tensor)?;
+        let n = info.shape[1];
+        let w = ck.f32(tensor)?;
+        let bad = |msg: String| Error::Encoding {
+            tensor: init.clone(),
+            msg,
+        };
+        if matches!(r, Rounding::SeqMse | Rounding::SeqMseGptq(_)) {
+            if let Some(l) = enc.lpbq_encodings.get(init) {
+                let l = l.to_lpbq();
+                let s = seqmse::lpbq_blocks(&w, n, gram, l.block, l.bw, l.scale_bits);
+                enc.lpbq_encodings
+                    .insert(init.clone(), LpbqEncoding::from_lpbq(init, &s));
+            } else if let Some(e) = enc.param_encodings.get_mut(init) {
+                if e.len() == info.shape[0] {
+                    *e = seqmse::per_channel(&w, n, gram, e);
+                }
+            }
+        }
+        let Some(o) = r.gptq() else {
+            continue;
+        };
+        let q = if let Some(l) = enc.lpbq_encodings.get(init) {
+            let l = l.to_lpbq();
+            gptq::gptq(&w, n, gram, &|c, i, x| l.fake_one(c, i, x, n), o)
+        } else if let Some(e) = enc
+            .param_encodings
+            .get(init)
+            .filter(|e| e.len() == info.shape[0])
+        {
+            gptq::gptq(&w, n, gram, &|c, _, x| e[c].fake_param(x), o)
+        } else {
+            continue;
+        };
+        out.insert(tensor.clone(), q.map_err(bad)?);
+    }
+    Ok(out)
+}
+
+/// `enc.json` → `enc.weights.safetensors`: where the rounded weights of an encodings file live.
+pub fn overlay_path(encodings: &Path) -> PathBuf {
+    let stem = encodings
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    encodings.with_file_name(format!("{stem}.weights.safetensors"))
+}
+
+/// Write the rounded weights as f32 safetensors under the checkpoint's tensor names, streamed through a
+/// temp file; returns its SHA256.
+pub fn write_overlay(ck: &Checkpoint, rounded: &Rounded, path: &Path) -> Result<String> {
+    use hexq_model::weights::{safetensors_header, DType};
+    use std::io::Write;
+    let mut ts = Vec::new();
+    for t in rounded.keys() {
+        let info = ck.info(t)?;
+        ts.push((info.name.clone(), DType::F32, info.shape.clone()));
+    }
+    let meta =
+        serde_json::json!({"format": "pt", "hexq": "rounded weights (hexq quantize --rounding)"});
+    let (hdr, _) = safetensors_header(&ts, &meta);
+    let out = hexq_fsutil::AtomicFile::new(path);
+    let io = |e| Error::io(path, e);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&out.tmp).map_err(io)?);
+    f.write_all(&hdr).map_err(io)?;
+    for v in rounded.values() {
+        f.write_all(bytemuck::cast_slice(v)).map_err(io)?;
+    }
+    f.into_inner()
+        .map_err(|e| io(e.into_error()))?
+        .sync_all()
+        .map_err(io)?;
+    out.commit()
+        .map_err(|e| Error::io(path, std::io::Error::other(e.to_string())))?;
+    hexq_fsutil::sha256_file(path)
+        .map_err(|e| Error::io(path, std::io::Error::other(e.to_string())))
+}
+
+/// The overlay an encodings file names (`hexq.rounding.weights`, relative to the file), opened into `ck`.
+pub fn open_overlay(ck: &mut Checkpoint, enc: &Encodings, encodings: &Path) -> Result<()> {
+    let Some(f) = enc.hexq["rounding"]["weights"].as_str() else {
+        return Ok(());
+    };
+    let p = encodings.parent().unwrap_or(Path::new("")).join(f);
+    if !p.exists() {
+        return Err(Error::file(
+            encodings,
+            format!("hexq.rounding.weights names {f}, which is not beside it"),
+        ));
+    }
+    ck.overlay(&p)
+}
