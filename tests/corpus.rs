@@ -1179,7 +1179,7 @@ fn interrupted_writers_leave_nothing() {
             ]),
         ),
     ] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hexq"))
+        let child = Command::new(env!("CARGO_BIN_EXE_hexq"))
             .args(&args)
             .current_dir(common::root())
             .stderr(std::process::Stdio::piped())

@@ -42,7 +42,7 @@ pub fn gptq(
     o: &Options,
 ) -> Result<Vec<f32>, String> {
     let n = inputs;
-    if gram.n != n || w.len() % n != 0 {
+    if gram.n != n || !w.len().is_multiple_of(n) {
         return Err(format!(
             "the input statistics are {0}×{0}, the weight has {n} inputs",
             gram.n
