@@ -160,8 +160,12 @@ pub fn quantsim(
     Ok(q)
 }
 
+/// `qck`: the checkpoint quantsim reads — `ck` itself, or `ck` with the rounded weights of a GPTQ
+/// encodings file overlaid (`hexq_quantize::rounding::open_overlay`).
+#[allow(clippy::too_many_arguments)]
 pub fn verify(
     ck: Arc<Checkpoint>,
+    qck: &Arc<Checkpoint>,
     tok: &Tokenizer,
     recs: &[Record],
     enc: &Encodings,
@@ -203,7 +207,7 @@ pub fn verify(
     };
     let t0 = std::time::Instant::now();
     let mut f = backend(&ck, v, &go)?;
-    let mut q = backend(&ck, v, &go)?;
+    let mut q = backend(qck, v, &go)?;
     let obs = RangeObserver::default();
     // Params quantized once; activations as they are produced.
     q.bake(&mut renamed(Box::new(FakeQuant::params_of(enc))))?;

@@ -74,11 +74,16 @@ impl Args {
 pub fn run(a: Args) -> Result<()> {
     super::check_seq(a.variant, a.context, a.seq)?;
     let dir = model_dir(a.model.clone())?;
-    let ck = std::sync::Arc::new(Checkpoint::open(&dir)?);
+    let mut ck = Checkpoint::open(&dir)?;
     let enc = match &a.encodings {
         Some(p) => Some((p.as_path(), read_json::<hexq_quantize::Encodings>(p)?)),
         None => None,
     };
+    // GPTQ's rounded weights are what the QDQ graph and the QNN compile must carry.
+    if let Some((p, e)) = &enc {
+        hexq_quantize::rounding::open_overlay(&mut ck, e, p)?;
+    }
+    let ck = std::sync::Arc::new(ck);
     let staging = hexq_fsutil::AtomicDir::create(&a.out, a.force)?;
     let t0 = std::time::Instant::now();
     let pb = progress(checkpoint_bytes(&ck), "export");

@@ -15,6 +15,7 @@ pub mod import;
 pub mod inspect;
 pub mod pipeline;
 pub mod quantize;
+pub mod rounding;
 pub mod run;
 pub mod serve;
 pub mod synth;

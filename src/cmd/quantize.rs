@@ -40,6 +40,8 @@ pub struct Args {
     /// Encode even when the stats fail their guards (degenerate or never-exercised ranges).
     #[arg(long)]
     pub ignore_guards: bool,
+    #[command(flatten)]
+    pub rounding: super::rounding::Args,
     /// Replace an existing --out.
     #[arg(long)]
     pub force: bool,
@@ -71,6 +73,7 @@ impl Args {
             kv_stats: None,
             block: 64,
             ignore_guards: false,
+            rounding: Default::default(),
             force: false,
             out,
         }
@@ -80,7 +83,7 @@ impl Args {
 pub fn run(a: Args) -> Result<()> {
     super::refuse_existing(&a.out, a.force)?;
     let dir = model_dir(a.model)?;
-    let ck = Checkpoint::open(&dir)?;
+    let ck = std::sync::Arc::new(Checkpoint::open(&dir)?);
     let mut st: hexq_calibrate::Stats = read_json(&a.stats)?;
     if let Some(p) = &a.kv_stats {
         let kv: hexq_calibrate::Stats = read_json(p)?;
@@ -203,6 +206,7 @@ pub fn run(a: Args) -> Result<()> {
     enc.hexq["context"] = st.context.into();
     enc.hexq["seq"] = st.seq.into();
     enc.hexq["variant"] = st.variant.clone().into();
+    super::rounding::apply(&ck, &g, &mut enc, &st, &a.rounding, &a.out)?;
     write_json(&a.out, &enc)?;
     eprintln!(
         "{}: {} activation + {} param{} encodings ({})",

@@ -161,9 +161,18 @@ fn quantsim(a: Args) -> Result<()> {
     }
     drop(g);
     super::set_threads(a.threads);
+    let qck = match enc.hexq["rounding"]["weights"].is_string() {
+        true => {
+            let mut q = Checkpoint::open(&ck.dir)?;
+            hexq_quantize::rounding::open_overlay(&mut q, &enc, &encodings)?;
+            Arc::new(q)
+        }
+        false => ck.clone(),
+    };
     let pb = count_progress("verify");
     let r = hexq_eval::verify::verify(
         ck,
+        &qck,
         &tok,
         &recs,
         &enc,

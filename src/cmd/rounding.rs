@@ -1,0 +1,201 @@
+//! `hexq quantize --rounding …`: the calibration pass that gathers each weight's input Gram matrix (the
+//! same chat-formatted decode loops as `calibrate`, float weights), then SeqMSE / GPTQ on the encodings'
+//! grids. At E2B a layer's Σxxᵀ is ~1 GB in f64, so layers are gathered in groups under `--rounding-mem-gib`,
+//! one calibration pass per group.
+
+use anyhow::Result;
+use clap::ValueEnum;
+use hexq_graph::{GraphOptions, Variant};
+use hexq_model::chat::Tokenizer;
+use hexq_model::Checkpoint;
+use hexq_quantize::rounding::{self, gptq, Rounding};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Method {
+    /// Round to nearest on the min-max grid (no calibration pass).
+    Rtn,
+    /// aimet-onnx's Sequential MSE: each channel's (LPBQ block's) scale from 20 candidates by output MSE.
+    Seqmse,
+    /// GPTQ: the min-max scales kept, integers chosen column by column with the error fed forward.
+    Gptq,
+    /// SeqMSE's scales, then GPTQ's integers on them.
+    SeqmseGptq,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// How MatMul weights are rounded onto their grids.
+    #[arg(long, value_enum, default_value_t = Method::Rtn)]
+    pub rounding: Method,
+    /// Chat prompts whose decode loops give the inputs each weight sees.
+    #[arg(long, default_value = "datasets/calibration.jsonl")]
+    pub rounding_dataset: PathBuf,
+    /// Use only the first N prompts (default: as many as the stats were calibrated on).
+    #[arg(long, value_parser = super::positive)]
+    pub rounding_limit: Option<usize>,
+    /// GPTQ: columns per lazy-update block.
+    #[arg(long, default_value_t = 128, value_parser = super::positive)]
+    pub gptq_block: usize,
+    /// GPTQ: damping, a fraction of the mean of diag H.
+    #[arg(long, default_value_t = 0.01)]
+    pub gptq_damp: f64,
+    /// GPTQ: round inputs in order of descending Σx² (static groups).
+    #[arg(long)]
+    pub act_order: bool,
+    /// Memory for the Gram matrices of one pass (f64); layers beyond it take further passes.
+    #[arg(long, default_value_t = 6.0)]
+    pub rounding_mem_gib: f64,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            rounding: Method::Rtn,
+            rounding_dataset: "datasets/calibration.jsonl".into(),
+            rounding_limit: None,
+            gptq_block: 128,
+            gptq_damp: 0.01,
+            act_order: false,
+            rounding_mem_gib: 6.0,
+        }
+    }
+}
+
+impl Args {
+    pub fn method(&self) -> Rounding {
+        let o = gptq::Options {
+            block: self.gptq_block,
+            damp: self.gptq_damp,
+            act_order: self.act_order,
+        };
+        match self.rounding {
+            Method::Rtn => Rounding::Rtn,
+            Method::Seqmse => Rounding::SeqMse,
+            Method::Gptq => Rounding::Gptq(o),
+            Method::SeqmseGptq => Rounding::SeqMseGptq(o),
+        }
+    }
+}
+
+/// The layer index of a prefix-relative tensor name (`layers.7.mlp…` → 7).
+fn layer_of(t: &str) -> usize {
+    t.strip_prefix("layers.")
+        .and_then(|r| r.split('.').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(usize::MAX)
+}
+
+/// Round the weights of `g` by `a`, updating `enc`; GPTQ's weights written beside `out`.
+pub fn apply(
+    ck: &Arc<Checkpoint>,
+    g: &hexq_graph::ir::Graph,
+    enc: &mut hexq_quantize::Encodings,
+    st: &hexq_calibrate::Stats,
+    a: &Args,
+    out: &Path,
+) -> Result<()> {
+    let r = a.method();
+    if !r.needs_inputs() {
+        return Ok(());
+    }
+    let tok = Tokenizer::from_dir(&ck.dir)?;
+    let targets = rounding::targets(g);
+    // Layers in groups whose Gram matrices fit the budget (inputs of one layer counted once).
+    let mut per_layer: std::collections::BTreeMap<usize, std::collections::BTreeSet<usize>> =
+        Default::default();
+    for t in targets.values() {
+        let n = ck.info(t)?.shape[1];
+        per_layer.entry(layer_of(t)).or_default().insert(n);
+    }
+    let budget = (a.rounding_mem_gib * (1u64 << 30) as f64) as u64;
+    let mut groups: Vec<Vec<usize>> = vec![vec![]];
+    let mut used = 0u64;
+    for (l, ns) in &per_layer {
+        // A generous count: q/k/v, o, gate/up and down inputs are distinct widths or not; 2 of each width.
+        let bytes: u64 = ns.iter().map(|&n| 2 * (n * n * 8) as u64).sum();
+        if used + bytes > budget && !groups.last().unwrap().is_empty() {
+            groups.push(vec![]);
+            used = 0;
+        }
+        groups.last_mut().unwrap().push(*l);
+        used += bytes;
+    }
+    let o = hexq_calibrate::Options {
+        variant: Variant::DecodeWgqa,
+        graph: GraphOptions {
+            context: st.context,
+            seq: st.seq,
+        },
+        decode_tokens: st.decode_tokens,
+        limit: Some(a.rounding_limit.unwrap_or(st.prompts)),
+        ignore_guards: false,
+        noise: false,
+        batch: 16,
+        sequences: 0,
+        checkpoint: None,
+        checkpoint_every: usize::MAX,
+        tokens_out: None,
+        full_rings: false,
+        bos_on_graph: true,
+    };
+    let mut rounded = rounding::Rounded::new();
+    for (gi, layers) in groups.iter().enumerate() {
+        let dg = hexq_graph::build(&ck.config, o.variant, &o.graph);
+        let sq = Arc::new(hexq_calibrate::imatrix::SquareSums::gram_for(&dg, &|t| {
+            layers.contains(&layer_of(t)) && targets.values().any(|x| x == t)
+        }));
+        let obs = hexq_calibrate::RangeObserver {
+            squares: Some(sq.clone()),
+            ..Default::default()
+        };
+        let pb = super::count_progress(&format!(
+            "{} inputs, pass {}/{}",
+            r.name(),
+            gi + 1,
+            groups.len()
+        ));
+        hexq_calibrate::calibrate_with(
+            ck.clone(),
+            &tok,
+            &a.rounding_dataset,
+            &o,
+            &pb,
+            obs,
+            hexq_calibrate::Engine::Interp { params: None },
+            "float".into(),
+        )?;
+        pb.finish_and_clear();
+        let grams = sq.take_grams();
+        let pb = super::count_progress(r.name());
+        pb.set_length(grams.len() as u64);
+        let got = rounding::apply(ck, g, enc, &grams, &r, &|w| {
+            pb.set_message(w.to_string());
+            pb.inc(1);
+        })?;
+        pb.finish_and_clear();
+        rounded.extend(got);
+    }
+    let mut meta = serde_json::json!({
+        "method": r.name(),
+        "dataset": a.rounding_dataset.file_name().map(|f| f.to_string_lossy().to_string()),
+        "dataset_sha256": hexq_fsutil::sha256_file(&a.rounding_dataset)?,
+        "prompts": o.limit, "decode_tokens": o.decode_tokens,
+        "inputs": "float model, chat-formatted decode loops",
+    });
+    if matches!(r, Rounding::SeqMse | Rounding::SeqMseGptq(_)) {
+        meta["seqmse"] = serde_json::json!({"candidates": rounding::seqmse::CANDIDATES, "loss": "mse", "as": "aimet-onnx 2.42 apply_seq_mse"});
+    }
+    if let Rounding::Gptq(go) | Rounding::SeqMseGptq(go) = r {
+        let p = rounding::overlay_path(out);
+        let sha = rounding::write_overlay(ck, &rounded, &p)?;
+        meta["gptq"] =
+            serde_json::json!({"block": go.block, "damp": go.damp, "act_order": go.act_order});
+        meta["weights"] = p.file_name().unwrap().to_string_lossy().to_string().into();
+        meta["weights_sha256"] = sha.into();
+        meta["weights_rounded"] = rounded.len().into();
+    }
+    enc.hexq["rounding"] = meta;
+    Ok(())
+}
