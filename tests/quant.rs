@@ -1065,3 +1065,117 @@ fn seqmse_matches_aimet_apply_seq_mse() {
         }
     }
 }
+
+/// `quantize --rounding gptq` on the tiny model: the overlay holds every MatMul weight, each value on its
+/// encoding's grid, with less output error on the calibration inputs than round-to-nearest; verify
+/// and export read it (the export's source hashes name it); seqmse changes scales only.
+#[test]
+fn gptq_rounding_stays_on_the_encodings_grid_and_reaches_export() {
+    let t = tempfile::tempdir().unwrap();
+    let st = t.path().join("stats.json");
+    ok(&calibrate(&st, &[], &[]));
+    let q = |m: &str, out: &Path| {
+        ok(&hexq(
+            &[
+                "quantize",
+                "--stats",
+                st.to_str().unwrap(),
+                "--scheme",
+                "w4a16-pc",
+                "--rounding",
+                m,
+                "--rounding-limit",
+                "8",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            &[],
+        ))
+    };
+    let (rtn, gp, sm) = (
+        t.path().join("rtn.json"),
+        t.path().join("g.json"),
+        t.path().join("s.json"),
+    );
+    q("rtn", &rtn);
+    q("gptq", &gp);
+    q("seqmse", &sm);
+    assert!(
+        !t.path().join("s.weights.safetensors").exists(),
+        "seqmse writes no weights"
+    );
+    let enc = hexq_quantize::Encodings::from_file(&gp).unwrap();
+    let re = hexq_quantize::Encodings::from_file(&rtn).unwrap();
+    assert_eq!(enc.hexq["rounding"]["method"], "gptq");
+    assert_eq!(
+        enc.param_encodings, re.param_encodings,
+        "gptq keeps the min-max scales"
+    );
+    let se = hexq_quantize::Encodings::from_file(&sm).unwrap();
+    assert_ne!(
+        se.param_encodings, re.param_encodings,
+        "seqmse moves scales"
+    );
+    let base = hexq_model::Checkpoint::open(&root().join(MODEL)).unwrap();
+    let mut ck = hexq_model::Checkpoint::open(&root().join(MODEL)).unwrap();
+    hexq_quantize::rounding::open_overlay(&mut ck, &enc, &gp).unwrap();
+    let g = hexq_graph::build(
+        &ck.config,
+        hexq_graph::Variant::DecodeWgqa,
+        &hexq_graph::GraphOptions {
+            context: 128,
+            seq: 128,
+        },
+    );
+    let targets = hexq_quantize::rounding::targets(&g);
+    assert_eq!(
+        enc.hexq["rounding"]["weights_rounded"].as_u64().unwrap() as usize,
+        targets.len()
+    );
+    let (mut moved, mut total) = (0usize, 0usize);
+    for (init, tensor) in &targets {
+        let (w, r) = (base.f32(tensor).unwrap(), ck.f32(tensor).unwrap());
+        let e = &enc.param_encodings[init];
+        let n = w.len() / e.len();
+        for (i, (a, b)) in w.iter().zip(&r).enumerate() {
+            assert_eq!(e[i / n].fake_param(*b), *b, "{tensor}[{i}] is off its grid");
+            moved += (e[i / n].fake_param(*a) != *b) as usize;
+            total += 1;
+        }
+    }
+    assert!(
+        moved > total / 50,
+        "gptq rounded {moved} of {total} weights away from nearest"
+    );
+    let v = hexq(
+        &[
+            "verify",
+            "--encodings",
+            gp.to_str().unwrap(),
+            "--limit",
+            "4",
+            "--json",
+        ],
+        &[],
+    );
+    ok(&v);
+    let out = t.path().join("exp");
+    ok(&hexq(
+        &[
+            "export",
+            "--encodings",
+            gp.to_str().unwrap(),
+            "--qdq",
+            "--context",
+            "128",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let m = std::fs::read_to_string(out.join("manifest.json")).unwrap();
+    assert!(
+        m.contains("g.weights.safetensors"),
+        "the export's sources name the overlay"
+    );
+}

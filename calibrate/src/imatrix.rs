@@ -31,6 +31,27 @@ pub struct SquareSums {
     weights: Vec<Vec<Fed>>,
     /// Slot → (Σx² per column, or Σxxᵀ row-major; rows seen).
     sums: Vec<Mutex<(Vec<f64>, u64)>>,
+    /// Gram mode: rows not yet added.
+    pending: Vec<Mutex<Vec<f32>>>,
+}
+
+const GRAM_ROWS: usize = 512;
+
+/// `h += xᵀx` for the rows of `x` (`cols` wide): the product by the f32 GEMM, the sum in f64.
+fn add_gram(h: &mut [f64], x: &[f32], cols: usize) {
+    let rows = x.len() / cols;
+    let Ok(t) = Tensor::from_slice(x, (rows, cols), &candle_core::Device::Cpu) else {
+        return;
+    };
+    let g = t
+        .t()
+        .and_then(|xt| xt.contiguous())
+        .and_then(|xt| xt.matmul(&t))
+        .and_then(|g| g.flatten_all())
+        .and_then(|g| g.to_vec1::<f32>());
+    if let Ok(g) = g {
+        h.iter_mut().zip(&g).for_each(|(a, x)| *a += *x as f64);
+    }
 }
 
 impl SquareSums {
@@ -60,6 +81,7 @@ impl SquareSums {
             slot: HashMap::new(),
             weights: Vec::new(),
             sums: Vec::new(),
+            pending: Vec::new(),
         };
         for n in g
             .nodes
@@ -72,6 +94,7 @@ impl SquareSums {
             let k = *s.slot.entry(n.inputs[0].clone()).or_insert_with(|| {
                 s.weights.push(Vec::new());
                 s.sums.push(Mutex::new((Vec::new(), 0)));
+                s.pending.push(Mutex::new(Vec::new()));
                 s.weights.len() - 1
             });
             let fed = Fed {
@@ -105,17 +128,9 @@ impl SquareSums {
         let cols = *t.dims().last().unwrap_or(&1);
         let rows = t.elem_count() / cols.max(1);
         if self.gram {
-            // XᵀX of the batch by the f32 GEMM, then added in f64: one product per batch, not per token.
-            let Ok(x) = t.reshape((rows, cols)) else {
-                return;
-            };
-            let Ok(g) = x
-                .t()
-                .and_then(|xt| xt.contiguous())
-                .and_then(|xt| xt.matmul(&x))
-                .and_then(|g| g.flatten_all())
-                .and_then(|g| g.to_vec1::<f32>())
-            else {
+            // Rows are gathered and added as one XᵀX GEMM per GRAM_ROWS (a decode step brings a row or
+            // a few; a rank-1 update per row was 95 % of the pass).
+            let Ok(v) = t.flatten_all().and_then(|f| f.to_vec1::<f32>()) else {
                 return;
             };
             let mut e = self.sums[k].lock().unwrap();
@@ -125,10 +140,13 @@ impl SquareSums {
             if e.0.len() != cols * cols {
                 return;
             }
-            for (a, x) in e.0.iter_mut().zip(&g) {
-                *a += *x as f64;
-            }
             e.1 += rows as u64;
+            let mut p = self.pending[k].lock().unwrap();
+            p.extend_from_slice(&v);
+            if p.len() >= GRAM_ROWS * cols {
+                add_gram(&mut e.0, &p, cols);
+                p.clear();
+            }
             return;
         }
         let Ok(v) = t.flatten_all().and_then(|f| f.to_vec1::<f32>()) else {
@@ -181,6 +199,9 @@ impl SquareSums {
             if e.1 == 0 || !self.gram {
                 continue;
             }
+            let p = std::mem::take(&mut *self.pending[k].lock().unwrap());
+            let n = (e.0.len() as f64).sqrt() as usize;
+            add_gram(&mut e.0, &p, n);
             let h = std::mem::take(&mut e.0);
             let n = (h.len() as f64).sqrt() as usize;
             let g = std::sync::Arc::new(Gram { n, h, rows: e.1 });

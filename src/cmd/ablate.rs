@@ -118,9 +118,19 @@ pub fn run(a: Args) -> Result<()> {
             .filter(|(n, f)| !n.is_empty() && !f.is_empty())
             .ok_or_else(|| anyhow::anyhow!("--encodings {b:?}: expected NAME=FILE"))?;
         let enc = hexq_quantize::Encodings::from_file(std::path::Path::new(file))?;
+        // GPTQ's rounded weights (SQNR is then measured against them, not the checkpoint's).
+        let weights = match enc.hexq["rounding"]["weights"].is_string() {
+            true => {
+                let mut q = hexq_model::Checkpoint::open(&ck.dir)?;
+                hexq_quantize::rounding::open_overlay(&mut q, &enc, std::path::Path::new(file))?;
+                Some(std::sync::Arc::new(q))
+            }
+            false => None,
+        };
         builds.push(Build {
             name: name.into(),
             enc,
+            weights,
         });
     }
     anyhow::ensure!(

@@ -258,10 +258,12 @@ pub(super) fn add_sqnr(sqnr: &Sqnr, class: &'static str, s: f64, n: f64, count: 
 
 /// A build as an ablation row: an encodings file (`hexq quantize`'s: A16W8, w4a16-lpbq, …) applied as
 /// quantsim applies it — params baked once, activations fake-quantized as they are produced.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Build {
     pub name: String,
     pub enc: hexq_quantize::Encodings,
+    /// The checkpoint with the build's rounded weights overlaid (GPTQ encodings), when it has them.
+    pub weights: Option<std::sync::Arc<hexq_model::Checkpoint>>,
 }
 
 impl Build {

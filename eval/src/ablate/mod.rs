@@ -269,7 +269,8 @@ impl Pass<'_> {
     /// The decode graph as a build runs it: its params baked, its activations fake-quantized as produced.
     fn build_backend(&self, bd: &Build) -> hexq_model::Result<(GraphBackend, Sqnr)> {
         let sqnr: Sqnr = Default::default();
-        let mut b = GraphBackend::for_model(self.ck, Variant::DecodeWgqa, false, &self.go)?;
+        let ck = bd.weights.as_ref().unwrap_or(self.ck);
+        let mut b = GraphBackend::for_model(ck, Variant::DecodeWgqa, false, &self.go)?;
         self.lap("load");
         b.bake(&mut hexq_graph::interp::Renamed {
             inner: Box::new(Measured {
