@@ -1179,3 +1179,88 @@ fn gptq_rounding_stays_on_the_encodings_grid_and_reaches_export() {
         "the export's sources name the overlay"
     );
 }
+
+/// hexq's GPTQ against the reference `fasterquant` transcribed to numpy (tests/judges/gptq_reference.py) on a
+/// fixed int4 per-row grid, with and without act-order and over several block sizes: the same integers.
+#[test]
+fn gptq_matches_the_reference_fasterquant() {
+    if !common::judge("numpy") {
+        return;
+    }
+    let (rows, n, t) = (32usize, 96usize, 300usize);
+    let r = |i: usize, m: usize| ((i.wrapping_mul(2654435761) % m) as f64 / m as f64) - 0.5;
+    let w: Vec<f32> = (0..rows * n).map(|i| r(i, 1009) as f32).collect();
+    let x: Vec<f64> = (0..t * n)
+        .map(|i| r(i, 997) * (1.0 + 4.0 * ((i % n) % 7 == 0) as u8 as f64) + 0.7 * r(i / n, 991))
+        .collect();
+    let mut h = vec![0f64; n * n];
+    for s in 0..t {
+        for i in 0..n {
+            for j in 0..n {
+                h[i * n + j] += x[s * n + i] * x[s * n + j];
+            }
+        }
+    }
+    // Input 5 never fires: a dead column.
+    for j in 0..n {
+        h[5 * n + j] = 0.0;
+        h[j * n + 5] = 0.0;
+    }
+    let s: Vec<f64> = w
+        .chunks(n)
+        .map(|row| row.iter().fold(0f32, |a, v| a.max(v.abs())) as f64 / 7.3)
+        .collect();
+    let d = tempfile::tempdir().unwrap();
+    let put = |name: &str, v: &[f64]| {
+        std::fs::write(
+            d.path().join(name),
+            v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+        )
+        .unwrap()
+    };
+    put("w.f64", &w.iter().map(|&v| v as f64).collect::<Vec<_>>());
+    put("h.f64", &h);
+    put("s.f64", &s);
+    let gram = hexq_calibrate::imatrix::Gram {
+        n,
+        h,
+        rows: t as u64,
+    };
+    for (block, act) in [(128usize, false), (32, false), (32, true)] {
+        let o = Command::new("python3")
+            .arg(root().join("tests/judges/gptq_reference.py"))
+            .arg(d.path())
+            .args([
+                rows.to_string(),
+                n.to_string(),
+                block.to_string(),
+                "0.01".into(),
+                (act as u8).to_string(),
+            ])
+            .output()
+            .unwrap();
+        ok(&o);
+        let want: Vec<f64> = std::fs::read(d.path().join("q.f64"))
+            .unwrap()
+            .chunks(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let grid =
+            |c: usize, _: usize, v: f32| ((v as f64 / s[c]).round().clamp(-8.0, 7.0) * s[c]) as f32;
+        let o = hexq_quantize::rounding::gptq::Options {
+            block,
+            damp: 0.01,
+            act_order: act,
+        };
+        let q = hexq_quantize::rounding::gptq::gptq(&w, n, &gram, &grid, &o).unwrap();
+        let differ = (0..rows * n)
+            .filter(|&i| (q[i] as f64 / s[i / n]).round() != (want[i] / s[i / n]).round())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "block {block} act_order {act}: {differ} of {} integers differ",
+            rows * n
+        );
+    }
+}
