@@ -225,6 +225,42 @@ fn q4_0_blocks(x: &[f32], out: &mut Vec<u8>) -> bool {
     true
 }
 
+/// A q4_0 block's scale as ggml computes it (`quantize_row_q4_0_ref`): `d` from the first value of largest
+/// magnitude, `id = 1/d`.
+pub fn q4_0_scale(block: &[f32]) -> (f32, f32) {
+    let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let max = block
+        .iter()
+        .copied()
+        .find(|v| v.abs() == amax)
+        .unwrap_or(0.0);
+    let d = max / -8.0;
+    (d, if d != 0.0 { 1.0 / d } else { 0.0 })
+}
+
+/// The value llama.cpp dequantizes `v` to in a block of scale `(d, id)`: the integer ggml's reference takes
+/// (clamped to 0..=15 both ways, for values a rounding moved past the block's range), times the stored f16 `d`.
+pub fn q4_0_point(v: f32, d: f32, id: f32) -> f32 {
+    let q = ((v * id + 8.5) as i32).clamp(0, 15);
+    (q - 8) as f32 * f16::from_f32(d).to_f32()
+}
+
+/// q4_0 blocks with each block's scale from `src` (the original weights, ggml's rule) and the integers of
+/// `x`, whose values a calibration-aware rounding put on those grids ([`q4_0_point`]).
+pub fn quantize_q4_0_on(x: &[f32], src: &[f32], out: &mut Vec<u8>) -> Result<()> {
+    check_blocks(x, QK, "q4_0")?;
+    check_finite(src)?;
+    for (b, s) in x.chunks_exact(QK).zip(src.chunks_exact(QK)) {
+        let (d, id) = q4_0_scale(s);
+        out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+        let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
+        for j in 0..QK / 2 {
+            out.push(q(b[j]) | (q(b[QK / 2 + j]) << 4));
+        }
+    }
+    Ok(())
+}
+
 /// `quantize_row_q8_0_ref`.
 pub fn quantize_q8_0(x: &[f32], out: &mut Vec<u8>) -> Result<()> {
     check_blocks(x, QK, "q8_0")?;

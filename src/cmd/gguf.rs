@@ -22,6 +22,10 @@ pub struct Args {
     /// with its weights as `llama-quantize --imatrix` does.
     #[arg(long)]
     pub imatrix: Option<PathBuf>,
+    /// `--rounding gptq`: q4_0 blocks keep ggml's scales, their integers chosen by GPTQ on the inputs of the
+    /// chat decode loops (datasets/calibration.jsonl, --rounding-limit prompts, default 64).
+    #[command(flatten)]
+    pub rounding: super::rounding::Args,
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long)]
@@ -37,6 +41,7 @@ impl Args {
             ty,
             pure,
             imatrix: None,
+            rounding: Default::default(),
             out,
             force: false,
             json: false,
@@ -56,7 +61,16 @@ pub fn run(a: Args) -> Result<()> {
         Some(p) => Some(gguf::Importance::read(p).map_err(|e| anyhow::anyhow!("{e}"))?),
         None => None,
     };
-    let (plan, sha) = gguf::write_gguf(&ck, out, a.ty, a.pure, imp.as_ref(), &tick)?;
+    let rounded = gptq_q4_0(&dir, &a)?;
+    let (plan, sha) = gguf::write_gguf(
+        &ck,
+        out,
+        a.ty,
+        a.pure,
+        imp.as_ref(),
+        rounded.as_ref(),
+        &tick,
+    )?;
     pb.finish_and_clear();
     let mut types = std::collections::BTreeMap::new();
     for p in &plan {
@@ -68,6 +82,11 @@ pub fn run(a: Args) -> Result<()> {
         "bytes": std::fs::metadata(out)?.len(),
         "sha256": sha,
         "type": a.ty.name(), "pure": a.pure, "tensors": plan.len(), "tensor_types": types,
+        "rounding": match &rounded {
+            Some(r) => json!({"method": "gptq", "tensors": r.len(), "dataset_sha256": hexq_fsutil::sha256_file(&a.rounding.rounding_dataset)?,
+                "prompts": a.rounding.rounding_limit.unwrap_or(64), "block": a.rounding.gptq_block, "damp": a.rounding.gptq_damp, "act_order": a.rounding.act_order}),
+            None => serde_json::Value::Null,
+        },
         "imatrix": match (&a.imatrix, &imp) {
             (Some(p), Some(i)) => json!({"file": i.file, "sha256": hexq_fsutil::sha256_file(p)?, "entries": i.weights.len()}),
             _ => serde_json::Value::Null,
@@ -95,4 +114,76 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// GGUF name → the weight's values rounded by GPTQ onto its q4_0 blocks (scales by ggml's rule from the
+/// checkpoint's values), for every decoder MatMul weight; None for `--rounding rtn`.
+fn gptq_q4_0(
+    dir: &std::path::Path,
+    a: &Args,
+) -> Result<Option<std::collections::HashMap<String, Vec<f32>>>> {
+    use super::rounding::Method;
+    use hexq_gguf::ggml::{q4_0_point, q4_0_scale};
+    match a.rounding.rounding {
+        Method::Rtn => return Ok(None),
+        Method::Gptq => {}
+        _ => anyhow::bail!("--rounding {}: q4_0's scales are ggml's rule; only gptq (the integers) applies to a GGUF", a.rounding.method().name()),
+    }
+    if a.imatrix.is_some() {
+        anyhow::bail!(
+            "--rounding gptq and --imatrix are two roundings of the same blocks: pick one"
+        );
+    }
+    let ck = std::sync::Arc::new(Checkpoint::open(dir)?);
+    let go = hexq_graph::GraphOptions {
+        context: 512,
+        seq: 128,
+    };
+    let g = hexq_graph::build(&ck.config, hexq_graph::Variant::DecodeWgqa, &go);
+    let targets = hexq_quantize::rounding::targets(&g);
+    let pass = super::rounding::Pass {
+        context: 512,
+        seq: 128,
+        decode_tokens: 8,
+        prompts: 64,
+    };
+    let o = a.rounding.method();
+    let Some(go) = (match o {
+        hexq_quantize::rounding::Rounding::Gptq(go) => Some(go),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    let mut out = std::collections::HashMap::new();
+    super::rounding::gather(&ck, &targets, &a.rounding, &pass, &mut |grams| {
+        for (init, gram) in grams {
+            let Some(t) = targets.get(&init) else {
+                continue;
+            };
+            let Some(gn) = hexq_model::names::gguf_name(t) else {
+                continue;
+            };
+            let w = ck.f32(t)?;
+            let n = gram.n;
+            if n % 32 != 0 {
+                continue;
+            }
+            let scales: Vec<(f32, f32)> = w.chunks(32).map(q4_0_scale).collect();
+            let nb = n / 32;
+            let r = hexq_quantize::rounding::gptq::gptq(
+                &w,
+                n,
+                &gram,
+                &|c, i, x| {
+                    let (d, id) = scales[c * nb + i / 32];
+                    q4_0_point(x, d, id)
+                },
+                &go,
+            )
+            .map_err(|m| anyhow::anyhow!("{t}: {m}"))?;
+            out.insert(gn, r);
+        }
+        Ok(())
+    })?;
+    Ok(Some(out))
 }

@@ -87,6 +87,91 @@ fn layer_of(t: &str) -> usize {
         .unwrap_or(usize::MAX)
 }
 
+/// Calibration settings of the input pass: the stats' own (context, seq, decode tokens, prompts).
+pub struct Pass {
+    pub context: usize,
+    pub seq: usize,
+    pub decode_tokens: usize,
+    pub prompts: usize,
+}
+
+/// The Gram matrices of the inputs of the MatMul weights `targets` (initializer → checkpoint tensor),
+/// gathered on the chat decode loops in layer groups that fit `a.rounding_mem_gib`; `each` gets every
+/// group's (initializer → Σxxᵀ) in turn.
+pub fn gather(
+    ck: &Arc<Checkpoint>,
+    targets: &std::collections::BTreeMap<String, String>,
+    a: &Args,
+    pass: &Pass,
+    each: &mut dyn FnMut(
+        std::collections::BTreeMap<String, Arc<hexq_calibrate::imatrix::Gram>>,
+    ) -> Result<()>,
+) -> Result<hexq_calibrate::Options> {
+    let tok = Tokenizer::from_dir(&ck.dir)?;
+    // Layers in groups whose Gram matrices fit the budget.
+    let mut per_layer: std::collections::BTreeMap<usize, std::collections::BTreeSet<usize>> =
+        Default::default();
+    for t in targets.values() {
+        let n = ck.info(t)?.shape[1];
+        per_layer.entry(layer_of(t)).or_default().insert(n);
+    }
+    let budget = (a.rounding_mem_gib * (1u64 << 30) as f64) as u64;
+    let mut groups: Vec<Vec<usize>> = vec![vec![]];
+    let mut used = 0u64;
+    for (l, ns) in &per_layer {
+        // A generous count: two inputs of each width a layer has.
+        let bytes: u64 = ns.iter().map(|&n| 2 * (n * n * 8) as u64).sum();
+        if used + bytes > budget && !groups.last().unwrap().is_empty() {
+            groups.push(vec![]);
+            used = 0;
+        }
+        groups.last_mut().unwrap().push(*l);
+        used += bytes;
+    }
+    let o = hexq_calibrate::Options {
+        variant: Variant::DecodeWgqa,
+        graph: GraphOptions {
+            context: pass.context,
+            seq: pass.seq,
+        },
+        decode_tokens: pass.decode_tokens,
+        limit: Some(a.rounding_limit.unwrap_or(pass.prompts)),
+        ignore_guards: false,
+        noise: false,
+        batch: 16,
+        sequences: 0,
+        checkpoint: None,
+        checkpoint_every: usize::MAX,
+        tokens_out: None,
+        full_rings: false,
+        bos_on_graph: true,
+    };
+    for (gi, layers) in groups.iter().enumerate() {
+        let dg = hexq_graph::build(&ck.config, o.variant, &o.graph);
+        let sq = Arc::new(hexq_calibrate::imatrix::SquareSums::gram_for(&dg, &|t| {
+            layers.contains(&layer_of(t)) && targets.values().any(|x| x == t)
+        }));
+        let obs = hexq_calibrate::RangeObserver {
+            squares: Some(sq.clone()),
+            ..Default::default()
+        };
+        let pb = super::count_progress(&format!("inputs, pass {}/{}", gi + 1, groups.len()));
+        hexq_calibrate::calibrate_with(
+            ck.clone(),
+            &tok,
+            &a.rounding_dataset,
+            &o,
+            &pb,
+            obs,
+            hexq_calibrate::Engine::Interp { params: None },
+            "float".into(),
+        )?;
+        pb.finish_and_clear();
+        each(sq.take_grams())?;
+    }
+    Ok(o)
+}
+
 /// Round the weights of `g` by `a`, updating `enc`; GPTQ's weights written beside `out`.
 pub fn apply(
     ck: &Arc<Checkpoint>,
@@ -100,74 +185,15 @@ pub fn apply(
     if !r.needs_inputs() {
         return Ok(());
     }
-    let tok = Tokenizer::from_dir(&ck.dir)?;
     let targets = rounding::targets(g);
-    // Layers in groups whose Gram matrices fit the budget (inputs of one layer counted once).
-    let mut per_layer: std::collections::BTreeMap<usize, std::collections::BTreeSet<usize>> =
-        Default::default();
-    for t in targets.values() {
-        let n = ck.info(t)?.shape[1];
-        per_layer.entry(layer_of(t)).or_default().insert(n);
-    }
-    let budget = (a.rounding_mem_gib * (1u64 << 30) as f64) as u64;
-    let mut groups: Vec<Vec<usize>> = vec![vec![]];
-    let mut used = 0u64;
-    for (l, ns) in &per_layer {
-        // A generous count: q/k/v, o, gate/up and down inputs are distinct widths or not; 2 of each width.
-        let bytes: u64 = ns.iter().map(|&n| 2 * (n * n * 8) as u64).sum();
-        if used + bytes > budget && !groups.last().unwrap().is_empty() {
-            groups.push(vec![]);
-            used = 0;
-        }
-        groups.last_mut().unwrap().push(*l);
-        used += bytes;
-    }
-    let o = hexq_calibrate::Options {
-        variant: Variant::DecodeWgqa,
-        graph: GraphOptions {
-            context: st.context,
-            seq: st.seq,
-        },
+    let pass = Pass {
+        context: st.context,
+        seq: st.seq,
         decode_tokens: st.decode_tokens,
-        limit: Some(a.rounding_limit.unwrap_or(st.prompts)),
-        ignore_guards: false,
-        noise: false,
-        batch: 16,
-        sequences: 0,
-        checkpoint: None,
-        checkpoint_every: usize::MAX,
-        tokens_out: None,
-        full_rings: false,
-        bos_on_graph: true,
+        prompts: st.prompts,
     };
     let mut rounded = rounding::Rounded::new();
-    for (gi, layers) in groups.iter().enumerate() {
-        let dg = hexq_graph::build(&ck.config, o.variant, &o.graph);
-        let sq = Arc::new(hexq_calibrate::imatrix::SquareSums::gram_for(&dg, &|t| {
-            layers.contains(&layer_of(t)) && targets.values().any(|x| x == t)
-        }));
-        let obs = hexq_calibrate::RangeObserver {
-            squares: Some(sq.clone()),
-            ..Default::default()
-        };
-        let pb = super::count_progress(&format!(
-            "{} inputs, pass {}/{}",
-            r.name(),
-            gi + 1,
-            groups.len()
-        ));
-        hexq_calibrate::calibrate_with(
-            ck.clone(),
-            &tok,
-            &a.rounding_dataset,
-            &o,
-            &pb,
-            obs,
-            hexq_calibrate::Engine::Interp { params: None },
-            "float".into(),
-        )?;
-        pb.finish_and_clear();
-        let grams = sq.take_grams();
+    let o = gather(ck, &targets, a, &pass, &mut |grams| {
         let pb = super::count_progress(r.name());
         pb.set_length(grams.len() as u64);
         let got = rounding::apply(ck, g, enc, &grams, &r, &|w| {
@@ -176,7 +202,8 @@ pub fn apply(
         })?;
         pb.finish_and_clear();
         rounded.extend(got);
-    }
+        Ok(())
+    })?;
     let mut meta = serde_json::json!({
         "method": r.name(),
         "dataset": a.rounding_dataset.file_name().map(|f| f.to_string_lossy().to_string()),

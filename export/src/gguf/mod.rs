@@ -534,6 +534,7 @@ pub fn write_gguf(
     ft: FileType,
     pure: bool,
     imp: Option<&Importance>,
+    rounded: Option<&std::collections::HashMap<String, Vec<f32>>>,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(Vec<Plan>, String)> {
     if imp.is_some() && ft == FileType::Q4_0 && !pure {
@@ -581,6 +582,7 @@ pub fn write_gguf(
         obuf: Vec::new(),
         fbuf: Vec::new(),
         imp,
+        rounded,
         progress,
     };
     for p in &plan {
@@ -631,6 +633,8 @@ struct TensorWriter<'a> {
     obuf: Vec<u8>,
     fbuf: Vec<f32>,
     imp: Option<&'a Importance>,
+    /// GGUF name → values a rounding (GPTQ) put on each q4_0 block's grid, `[out, in]`.
+    rounded: Option<&'a std::collections::HashMap<String, Vec<f32>>>,
     progress: &'a (dyn Fn(u64) + Sync),
 }
 
@@ -668,6 +672,21 @@ impl TensorWriter<'_> {
 
     /// Whole rows, ~64 MiB of source at a time: peak memory is a chunk, not the 4.7 GB per-layer embedding.
     fn tensor(&mut self, p: &Plan) -> Result<()> {
+        if let Some(r) = self.rounded.and_then(|m| m.get(&p.name)) {
+            if p.ty == ggml::GgmlType::Q4_0 {
+                // Scales from the checkpoint's values (ggml's rule), integers from the rounded ones.
+                let src = values(self.ck, p)?;
+                let mut obuf = std::mem::take(&mut self.obuf);
+                obuf.clear();
+                ggml::quantize_q4_0_on(r, &src, &mut obuf).map_err(|m| self.bad(p, m))?;
+                let res = self.put(&obuf);
+                self.obuf = obuf;
+                res?;
+                (self.progress)(src.len() as u64 * 2);
+                let pad = self.written.div_ceil(ALIGN) * ALIGN - self.written;
+                return self.put(&vec![0u8; pad as usize]);
+            }
+        }
         match &p.hf {
             None => self.encode(p, &values(self.ck, p)?)?,
             Some(hf) => {

@@ -91,6 +91,6 @@ mod tests {
                 assert!((s - want).abs() < 1e-9, "({i},{j}) = {s}");
             }
         }
-        assert!(cholesky_upper_rev(&vec![0.0; 4], 2).is_none());
+        assert!(cholesky_upper_rev(&[0.0; 4], 2).is_none());
     }
 }
