@@ -656,3 +656,52 @@ fn imatrix_equals_llama_imatrix_and_llama_quantize_takes_it() {
     eprintln!("imatrix q4_0: {weighted} q4_0 tensors bit-identical to llama-quantize's, {changed} differ from round-to-nearest");
     assert!(changed >= weighted * 9 / 10, "{changed} of {weighted}");
 }
+
+/// `hexq gguf --rounding gptq` on the tiny model: every q4_0 block keeps the round-to-nearest file's scale
+/// (ggml's rule), the decoder weights' integers move, the embedding's do not (no inputs to weigh it).
+#[test]
+fn gptq_q4_0_keeps_ggml_scales_and_moves_integers() {
+    let t = tempfile::tempdir().unwrap();
+    let (rtn, gp) = (t.path().join("rtn.gguf"), t.path().join("gptq.gguf"));
+    for (p, extra) in [
+        (&rtn, vec![]),
+        (&gp, vec!["--rounding", "gptq", "--rounding-limit", "4"]),
+    ] {
+        let mut a = vec![
+            "gguf",
+            "--type",
+            "q4_0",
+            "--pure",
+            "--out",
+            p.to_str().unwrap(),
+        ];
+        a.extend(extra);
+        let o = hexq(&a);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let (a, b) = (
+        hexq_gguf::reader::GgufFile::open(&rtn).unwrap(),
+        hexq_gguf::reader::GgufFile::open(&gp).unwrap(),
+    );
+    let (ba, bb) = (std::fs::read(&rtn).unwrap(), std::fs::read(&gp).unwrap());
+    let mut moved = 0;
+    for (x, y) in a.tensors.iter().zip(&b.tensors) {
+        assert_eq!((&x.name, x.ty), (&y.name, y.ty));
+        if x.ty != hexq_gguf::ggml::GgmlType::Q4_0 {
+            continue;
+        }
+        let (p, q) = (&ba[x.start..x.end], &bb[y.start..y.end]);
+        for (u, v) in p.chunks(18).zip(q.chunks(18)) {
+            assert_eq!(u[..2], v[..2], "{}: a block's scale changed", x.name);
+        }
+        if p != q {
+            moved += 1;
+            assert!(
+                x.name.starts_with("blk."),
+                "{} has no inputs to round by",
+                x.name
+            );
+        }
+    }
+    assert!(moved > 20, "gptq moved integers in {moved} tensors");
+}
