@@ -147,12 +147,10 @@ fn gptq_q4_0(
         decode_tokens: 8,
         prompts: 64,
     };
-    let o = a.rounding.method();
-    let Some(go) = (match o {
-        hexq_quantize::rounding::Rounding::Gptq(go) => Some(go),
-        _ => None,
-    }) else {
-        return Ok(None);
+    let go = hexq_quantize::rounding::gptq::Options {
+        block: a.rounding.gptq_block,
+        damp: a.rounding.gptq_damp,
+        act_order: a.rounding.act_order,
     };
     let mut out = std::collections::HashMap::new();
     super::rounding::gather(&ck, &targets, &a.rounding, &pass, &mut |grams| {

@@ -146,8 +146,8 @@ pub fn gather(
         full_rings: false,
         bos_on_graph: true,
     };
+    let dg = hexq_graph::build(&ck.config, o.variant, &o.graph);
     for (gi, layers) in groups.iter().enumerate() {
-        let dg = hexq_graph::build(&ck.config, o.variant, &o.graph);
         let sq = Arc::new(hexq_calibrate::imatrix::SquareSums::gram_for(&dg, &|t| {
             layers.contains(&layer_of(t)) && targets.values().any(|x| x == t)
         }));

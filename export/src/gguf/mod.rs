@@ -682,7 +682,11 @@ impl TensorWriter<'_> {
                 let res = self.put(&obuf);
                 self.obuf = obuf;
                 res?;
-                (self.progress)(src.len() as u64 * 2);
+                let es = p
+                    .hf
+                    .as_ref()
+                    .and_then(|hf| self.ck.store.get(&format!("{}{hf}", self.ck.config.prefix)));
+                (self.progress)(es.map_or(4, |i| i.dtype.size()) as u64 * src.len() as u64);
                 let pad = self.written.div_ceil(ALIGN) * ALIGN - self.written;
                 return self.put(&vec![0u8; pad as usize]);
             }
