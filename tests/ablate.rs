@@ -217,3 +217,86 @@ fn builds_sit_beside_the_grids() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("NAME=FILE"));
 }
+
+/// `--rounding` crosses each grid with the roundings that apply to it (imatrix on q4_0 groups, SeqMSE on
+/// per-channel and LPBQ, GPTQ everywhere) and `--head` with the head's grid; every row names its scheme,
+/// rounding and head, and a to-nearest row with a float head is the plain run's row exactly.
+#[test]
+fn rounding_and_head_cross_the_grids() {
+    let run = |extra: &[&str]| -> Value {
+        let mut a = vec!["ablate", "--limit", "2", "--calib-limit", "2", "--json"];
+        a.extend(extra);
+        let o = Command::new(env!("CARGO_BIN_EXE_hexq"))
+            .current_dir(root())
+            .args(&a)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let plain = run(&["--schemes", "q4_0-g32"]);
+    let r = run(&[
+        "--schemes",
+        "q4_0-g32,lpbq-b32",
+        "--rounding",
+        "rtn,imatrix,seqmse,gptq",
+        "--head",
+        "float,8",
+    ]);
+    let got: Vec<(String, String, String)> = r["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            let s = |k: &str| x[k].as_str().unwrap().to_string();
+            (s("scheme"), s("rounding"), s("head"))
+        })
+        .collect();
+    let want: Vec<(String, String, String)> = [
+        ("q4_0-g32", "rtn", "float"),
+        ("q4_0-g32", "rtn", "q8_0"),
+        ("q4_0-g32", "imatrix", "float"),
+        ("q4_0-g32", "imatrix", "q8_0"),
+        ("q4_0-g32", "gptq", "float"),
+        ("q4_0-g32", "gptq", "q8_0"),
+        ("lpbq-b32", "rtn", "float"),
+        ("lpbq-b32", "rtn", "int8-pc"),
+        ("lpbq-b32", "seqmse", "float"),
+        ("lpbq-b32", "seqmse", "int8-pc"),
+        ("lpbq-b32", "gptq", "float"),
+        ("lpbq-b32", "gptq", "int8-pc"),
+    ]
+    .iter()
+    .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+    .collect();
+    assert_eq!(got, want);
+    let rows = r["rows"].as_array().unwrap();
+    assert_eq!(rows[0], plain["rows"][0]);
+    for x in rows {
+        let kl = x["kl_mean"].as_f64().unwrap();
+        assert!(kl.is_finite() && kl > 0.0, "{x}");
+        // The head at 8 bits: the embedding table's SQNR is an 8-bit grid's (~45 dB), not 4-bit's (~21).
+        let e = x["sqnr_db"]["embeddings"].as_f64().unwrap();
+        assert!((x["head"] == "float") == (e < 30.0), "{x}");
+    }
+    // A rounding that does not apply to any grid asked for is refused as nothing to compare.
+    let o = Command::new(env!("CARGO_BIN_EXE_hexq"))
+        .current_dir(root())
+        .args([
+            "ablate",
+            "--schemes",
+            "q4_0-g32",
+            "--rounding",
+            "seqmse",
+            "--limit",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -91,7 +91,29 @@ impl Checkpoint {
     /// Read the decoder tensors of safetensors file `p` instead of the checkpoint's (same names, same shapes,
     /// float): the rounded weights a GPTQ encodings file names. A tensor the decoder has not is refused.
     pub fn overlay(&mut self, p: &Path) -> Result<()> {
-        for info in self.store.overlay(p)? {
+        let infos = self.store.overlay(p)?;
+        self.replace(p, infos)
+    }
+
+    /// [`Self::overlay`] from values in memory: decoder tensor (prefix-relative name) → f32 values in the
+    /// tensor's shape (an ablation's rounded weights, a quantized embedding table).
+    pub fn overlay_values(
+        &mut self,
+        values: &std::collections::BTreeMap<String, Vec<f32>>,
+    ) -> Result<()> {
+        let mut ts = Vec::new();
+        for (t, v) in values {
+            let info = self.info(t)?;
+            ts.push((info.name.clone(), info.shape.clone(), v.as_slice()));
+        }
+        let label = self.dir.join("(values in memory)");
+        let infos = self.store.overlay_f32(&label, &ts)?;
+        self.replace(&label, infos)
+    }
+
+    /// The decoder's slots of `infos`' tensors pointed at them (same shapes; overlays only).
+    fn replace(&mut self, p: &Path, infos: Vec<TensorInfo>) -> Result<()> {
+        for info in infos {
             let Some((_, slot)) = self.tensors.iter_mut().find(|(_, t)| t.name == info.name) else {
                 return Err(Error::tensor(p, &info.name, "not a tensor of the decoder"));
             };

@@ -60,6 +60,8 @@ pub struct SafetensorsStore {
     /// The checkpoint's own files: `files[..base_files]`; the rest are overlays ([`Self::overlay`]).
     pub base_files: usize,
     maps: Vec<std::sync::Arc<Mmap>>,
+    /// Files that are anonymous mappings ([`Self::overlay_f32`]): never released (DONTNEED would zero them).
+    anon: std::collections::BTreeSet<usize>,
     tensors: BTreeMap<String, TensorInfo>,
 }
 
@@ -146,6 +148,7 @@ impl SafetensorsStore {
             files: paths.to_vec(),
             base_files: paths.len(),
             maps,
+            anon: Default::default(),
             tensors,
         })
     }
@@ -158,6 +161,46 @@ impl SafetensorsStore {
         let m = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(p, e))?;
         let infos = parse_header(p, &m, self.files.len())?;
         self.files.push(p.to_path_buf());
+        self.maps.push(std::sync::Arc::new(m));
+        for i in &infos {
+            self.tensors.insert(i.name.clone(), i.clone());
+        }
+        Ok(infos)
+    }
+
+    /// [`Self::overlay`] of f32 tensors held in memory (an ablation's rounded weights): an anonymous mapping
+    /// laid out as a safetensors file, so every reader takes it as it takes a file. `label` names it in
+    /// errors; it is never opened.
+    pub fn overlay_f32(
+        &mut self,
+        label: &Path,
+        tensors: &[(String, Vec<usize>, &[f32])],
+    ) -> Result<Vec<TensorInfo>> {
+        let ts: Vec<(String, DType, Vec<usize>)> = tensors
+            .iter()
+            .map(|(n, s, _)| (n.clone(), DType::F32, s.clone()))
+            .collect();
+        let (hdr, data) = safetensors_header(&ts, &serde_json::json!({"format": "pt"}));
+        let io = |e| Error::io(label, e);
+        let mut m = memmap2::MmapMut::map_anon((hdr.len() + data).max(1)).map_err(io)?;
+        m[..hdr.len()].copy_from_slice(&hdr);
+        let mut at = hdr.len();
+        for (name, shape, v) in tensors {
+            if v.len() != shape.iter().product::<usize>() {
+                return Err(Error::tensor(
+                    label,
+                    name,
+                    format!("{} values for shape {shape:?}", v.len()),
+                ));
+            }
+            let b: &[u8] = bytemuck::cast_slice(v);
+            m[at..at + b.len()].copy_from_slice(b);
+            at += b.len();
+        }
+        let m = m.make_read_only().map_err(io)?;
+        let infos = parse_header(label, &m, self.files.len())?;
+        self.anon.insert(self.files.len());
+        self.files.push(label.to_path_buf());
         self.maps.push(std::sync::Arc::new(m));
         for i in &infos {
             self.tensors.insert(i.name.clone(), i.clone());
@@ -235,7 +278,7 @@ impl SafetensorsStore {
     /// [`Self::release`] for bytes `[a, b)` of a tensor (streaming writers release as they go).
     pub fn release_range(&self, info: &TensorInfo, a: usize, b: usize) {
         #[cfg(unix)]
-        {
+        if !self.anon.contains(&info.file) {
             let page = 4096usize;
             let start = (info.start + a) / page * page;
             let len = info.start + b - start;

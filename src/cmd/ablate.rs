@@ -3,7 +3,7 @@
 
 use super::{model_dir, position_progress};
 use anyhow::Result;
-use hexq_eval::ablate::{ablate, Build, Scheme};
+use hexq_eval::ablate::{ablate, Build, Cell, Head, Rounding, Scheme};
 use hexq_graph::GraphOptions;
 use hexq_model::chat::Tokenizer;
 use hexq_model::Checkpoint;
@@ -28,6 +28,38 @@ pub struct Args {
     /// as the weights-only grids. `--schemes none` leaves only these rows.
     #[arg(long = "encodings", value_name = "NAME=FILE")]
     pub builds: Vec<String>,
+    /// Comma list of roundings, each crossed with every grid it applies to: rtn (every grid), imatrix
+    /// (llama.cpp's importance-weighted q4_0 scales; q4_0-g*), seqmse (aimet-onnx's; per-channel and
+    /// lpbq), gptq (every grid), seqmse-gptq. All but rtn read the inputs each weight sees on the
+    /// --calib-dataset decode loops.
+    #[arg(long, value_delimiter = ',', value_parser = parse_rounding, default_value = "rtn")]
+    pub rounding: Vec<Rounding>,
+    /// Comma list: the tied embedding / LM head in each weights-only row — float (the decoder alone), 8
+    /// (q8_0 beside q4_0 grids, as llama.cpp's default q4_0 file; int8 per channel beside the QNN grids),
+    /// same (the row's own grid, llama-quantize --pure).
+    #[arg(long, value_delimiter = ',', value_parser = parse_head, default_value = "float")]
+    pub head: Vec<Head>,
+    /// Chat prompts whose decode loops give the roundings their inputs (disjoint from --dataset).
+    #[arg(long, default_value = "datasets/calibration.jsonl")]
+    pub calib_dataset: PathBuf,
+    #[arg(long, default_value_t = 128, value_parser = super::positive)]
+    pub calib_limit: usize,
+    /// Tokens generated greedily (and observed) after each calibration prompt.
+    #[arg(long, default_value_t = 8)]
+    pub calib_decode_tokens: usize,
+    /// GPTQ: columns per lazy-update block.
+    #[arg(long, default_value_t = 128, value_parser = super::positive)]
+    pub gptq_block: usize,
+    /// GPTQ: damping, a fraction of the mean of diag H.
+    #[arg(long, default_value_t = 0.01)]
+    pub gptq_damp: f64,
+    /// GPTQ: round inputs in order of descending Σx² (static groups).
+    #[arg(long)]
+    pub act_order: bool,
+    /// Memory for the Gram matrices of one calibration pass; ablate keeps every layer's, gathered in as
+    /// many passes as this takes.
+    #[arg(long, default_value_t = 6.0)]
+    pub rounding_mem_gib: f64,
     #[arg(long, default_value = "datasets/heldout.jsonl")]
     pub dataset: PathBuf,
     #[arg(long, default_value_t = 24, value_parser = super::positive)]
@@ -67,6 +99,15 @@ fn parse_scheme(s: &str) -> Result<Scheme, String> {
     })
 }
 
+fn parse_rounding(s: &str) -> Result<Rounding, String> {
+    Rounding::parse(s.trim())
+        .ok_or_else(|| format!("unknown rounding {s:?} (rtn, imatrix, seqmse, gptq, seqmse-gptq)"))
+}
+
+fn parse_head(s: &str) -> Result<Head, String> {
+    Head::parse(s.trim()).ok_or_else(|| format!("unknown head {s:?} (float, 8, same)"))
+}
+
 pub const ALL_SCHEMES: &str = "int8-pc,int4-pc,q4_0-g32,g64,g128,int4-pc-mlp-only,lpbq-b64";
 
 impl Args {
@@ -75,6 +116,15 @@ impl Args {
             model,
             schemes: ALL_SCHEMES.split(',').filter_map(Scheme::parse).collect(),
             builds: vec![],
+            rounding: vec![Rounding::Rtn],
+            head: vec![Head::Float],
+            calib_dataset: "datasets/calibration.jsonl".into(),
+            calib_limit: 128,
+            calib_decode_tokens: 8,
+            gptq_block: 128,
+            gptq_damp: 0.01,
+            act_order: false,
+            rounding_mem_gib: 6.0,
             dataset,
             limit,
             heavy_tail: false,
@@ -105,12 +155,11 @@ pub fn run(a: Args) -> Result<()> {
         };
         seqs.push(ids.into_iter().take(a.context).collect::<Vec<u32>>());
     }
-    let schemes: Vec<Scheme> = a
-        .schemes
-        .iter()
-        .filter(|s| s.name != "none")
-        .cloned()
-        .collect();
+    let cells = cells(&a);
+    anyhow::ensure!(
+        a.builds.is_empty() || a.rounding == [Rounding::Rtn],
+        "--rounding crosses the weights-only grids; a build's rounding is its encodings file's (`hexq quantize --rounding`)"
+    );
     let mut builds = Vec::new();
     for b in &a.builds {
         let (name, file) = b
@@ -134,21 +183,26 @@ pub fn run(a: Args) -> Result<()> {
         });
     }
     anyhow::ensure!(
-        !schemes.is_empty() || !builds.is_empty(),
+        !cells.is_empty() || !builds.is_empty(),
         "nothing to compare: --schemes none and no --encodings"
     );
     super::set_threads(a.threads);
-    let pb = position_progress("ablate");
     let o = GraphOptions {
         context: a.context,
         seq: 128,
     };
+    let inputs = match cells.iter().any(|c| c.rounding != Rounding::Rtn) {
+        true => Some(inputs(&ck, &a)?),
+        false => None,
+    };
+    let pb = position_progress("ablate");
     let rep = ablate(
         &ck,
         &seqs,
-        &schemes,
+        &cells,
         &builds,
         a.heavy_tail,
+        inputs.as_ref(),
         &o,
         a.batch,
         &pb,
@@ -165,4 +219,71 @@ pub fn run(a: Args) -> Result<()> {
         print!("{}", rep.markdown());
     }
     Ok(())
+}
+
+/// Every (grid, rounding, head) the flags cross: roundings only on the grids they apply to; a head "same"
+/// beside int8-pc is its "8".
+fn cells(a: &Args) -> Vec<Cell> {
+    let mut out = Vec::new();
+    for sc in a.schemes.iter().filter(|s| s.name != "none") {
+        for &r in a.rounding.iter().filter(|r| r.applies(sc.grid)) {
+            for &h in &a.head {
+                let dup = h == Head::Same
+                    && sc.grid == hexq_eval::ablate::Grid::PerChannel(8)
+                    && a.head.contains(&Head::Eight);
+                if !dup {
+                    out.push(Cell {
+                        scheme: sc.clone(),
+                        rounding: r,
+                        head: h,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The roundings' inputs: each decoder MatMul weight's input Σxxᵀ on the chat-formatted decode loops of
+/// --calib-dataset (float model, as `hexq quantize --rounding` gathers them).
+fn inputs(ck: &Arc<Checkpoint>, a: &Args) -> Result<hexq_eval::ablate::Inputs> {
+    use hexq_quantize::rounding;
+    let g = hexq_graph::build(
+        &ck.config,
+        hexq_graph::Variant::DecodeWgqa,
+        &GraphOptions {
+            context: a.context,
+            seq: 128,
+        },
+    );
+    let targets = rounding::targets(&g);
+    let ra = super::rounding::Args {
+        rounding_dataset: a.calib_dataset.clone(),
+        rounding_limit: Some(a.calib_limit),
+        rounding_mem_gib: a.rounding_mem_gib,
+        ..Default::default()
+    };
+    let pass = super::rounding::Pass {
+        context: a.context,
+        seq: 128,
+        decode_tokens: a.calib_decode_tokens,
+        prompts: a.calib_limit,
+    };
+    let mut grams = std::collections::BTreeMap::new();
+    super::rounding::gather(ck, &targets, &ra, &pass, &mut |got| {
+        for (init, gram) in got {
+            if let Some(t) = targets.get(&init) {
+                grams.insert(t.clone(), gram);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(hexq_eval::ablate::Inputs {
+        grams,
+        gptq: rounding::gptq::Options {
+            block: a.gptq_block,
+            damp: a.gptq_damp,
+            act_order: a.act_order,
+        },
+    })
 }

@@ -16,10 +16,12 @@
 
 //!
 //! The room: `mod.rs` (the passes and the report's figures), `grid.rs` (grids and the hooks that bake
-//! them), `report.rs` (tables and the plot).
+//! them), `rounded.rs` (the calibration-aware roundings and the head's grid per row), `report.rs` (tables
+//! and the plot).
 
 mod grid;
 mod report;
+mod rounded;
 
 use crate::verify::cos;
 pub use grid::{apply_grid, class_of, heavy_scales, sqnr_db, Build, Grid, GridHook, Scheme};
@@ -28,12 +30,18 @@ use hexq_graph::Variant;
 use hexq_model::names::Role;
 use hexq_quantize::quantsim::FakeQuant;
 use hexq_runtime::graph::GraphBackend;
+pub use rounded::{imatrix_groups, Cell, ClassSums, Head, Inputs, Rounding};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Row {
+    /// The grid (`q4_0-g32`, `lpbq-b64`, …) or the build's name.
     pub scheme: String,
+    /// How the weights were rounded onto it: rtn, imatrix, seqmse, gptq, seqmse-gptq.
+    pub rounding: String,
+    /// The tied embedding / LM head: float, q8_0, int8-pc or `same` (the row's grid).
+    pub head: String,
     /// "float" (a weights-only grid) or a build's activation grid ("int16").
     pub activations: String,
     pub bits_per_weight: f64,
@@ -145,9 +153,10 @@ fn teacher_forced(
 pub fn ablate(
     ck: &Arc<hexq_model::Checkpoint>,
     seqs: &[Vec<u32>],
-    schemes: &[Scheme],
+    cells: &[Cell],
     builds: &[Build],
     heavy_tail: bool,
+    inputs: Option<&Inputs>,
     o: &hexq_graph::GraphOptions,
     batch: usize,
     pb: &indicatif::ProgressBar,
@@ -155,6 +164,16 @@ pub fn ablate(
     if heavy_tail && !builds.is_empty() {
         return Err(hexq_model::Error::Usage(
             "--heavy-tail changes the weights; an encodings file describes the checkpoint's own (drop one)"
+                .into(),
+        ));
+    }
+    if heavy_tail
+        && cells
+            .iter()
+            .any(|c| c.rounding != Rounding::Rtn || c.head != Head::Float)
+    {
+        return Err(hexq_model::Error::Usage(
+            "--heavy-tail rescales the decoder inside the graph; a calibration-aware rounding or a quantized head reads the checkpoint's own weights (drop one)"
                 .into(),
         ));
     }
@@ -177,7 +196,7 @@ pub fn ablate(
         clock: std::time::Instant::now(),
     };
     let positions: usize = seqs.iter().map(|s| s.len()).sum();
-    pb.set_length(((schemes.len() + builds.len() + 1) * positions) as u64);
+    pb.set_length(((cells.len() + builds.len() + 1) * positions) as u64);
     let float = pass.float()?;
     let (pass, float) = (&pass, &float);
     let float_perplexity = ppl(&mut seqs.iter().enumerate().flat_map(|(s, ids)| {
@@ -185,12 +204,36 @@ pub fn ablate(
             .filter_map(move |p| pass.next_nll(s, p, &float[s][p].logits, float[s][p].lse))
     }));
     let mut rows = Vec::new();
-    let cands = schemes
-        .iter()
-        .map(Cand::Grid)
-        .chain(builds.iter().map(Cand::Build));
-    for cand in cands {
-        rows.push(pass.row(cand, float)?);
+    // A (grid, rounding)'s weights, kept for the next cells that differ only in the head.
+    let mut last: Option<(&Cell, Arc<Rounded>)> = None;
+    for cell in cells {
+        let rounded = match cell.rounding {
+            Rounding::Rtn => None,
+            r => match &last {
+                Some((c, v)) if c.scheme.name == cell.scheme.name && c.rounding == r => {
+                    Some(v.clone())
+                }
+                _ => {
+                    let inp = inputs.ok_or_else(|| {
+                        hexq_model::Error::Usage(format!(
+                            "rounding {} needs the calibration inputs",
+                            r.name()
+                        ))
+                    })?;
+                    let (v, sums) = rounded::round_decoder(ck, &cell.scheme, r, inp, &|t| {
+                        pb.set_message(format!("{} {}: {t}", cell.scheme.name, r.name()))
+                    })?;
+                    pass.lap(&format!("{} {}", cell.scheme.name, r.name()));
+                    let v = Arc::new(Rounded { values: v, sums });
+                    last = Some((cell, v.clone()));
+                    Some(v)
+                }
+            },
+        };
+        rows.push(pass.row(&Cand::Cell { cell, rounded }, float)?);
+    }
+    for bd in builds {
+        rows.push(pass.row(&Cand::Build(bd), float)?);
     }
     Ok(Report {
         model: hexq_fsutil::dir_name(&ck.dir),
@@ -202,11 +245,19 @@ pub fn ablate(
     })
 }
 
-/// One row's source: a weight grid or a whole build.
-#[derive(Clone, Copy)]
+/// One row's source: a weights-only cell (with its rounded weights unless rounded to nearest) or a build.
 enum Cand<'a> {
-    Grid(&'a Scheme),
+    Cell {
+        cell: &'a Cell,
+        rounded: Option<Arc<Rounded>>,
+    },
     Build(&'a Build),
+}
+
+/// A (grid, rounding)'s decoder weights and their error sums per class.
+struct Rounded {
+    values: BTreeMap<String, Vec<f32>>,
+    sums: ClassSums,
 }
 
 /// Perplexity of a stream of −log p.
@@ -247,10 +298,14 @@ impl Pass<'_> {
         self.seqs[s].get(p + 1).map(|&t| z - l[t as usize] as f64)
     }
 
-    /// The decode graph on the checkpoint, with `scheme`'s grid (and/or the heavy tail) baked in.
-    fn backend(&self, scheme: Option<Scheme>) -> hexq_model::Result<(GraphBackend, Sqnr)> {
+    /// The decode graph on `ck`, with `scheme`'s grid (and/or the heavy tail) baked in.
+    fn backend(
+        &self,
+        ck: &Arc<hexq_model::Checkpoint>,
+        scheme: Option<Scheme>,
+    ) -> hexq_model::Result<(GraphBackend, Sqnr)> {
         let sqnr: Sqnr = Default::default();
-        let mut b = GraphBackend::for_model(self.ck, Variant::DecodeWgqa, false, &self.go)?;
+        let mut b = GraphBackend::for_model(ck, Variant::DecodeWgqa, false, &self.go)?;
         self.lap("load");
         if scheme.is_some() || self.heavy_tail {
             b.bake(&mut hexq_graph::interp::Renamed {
@@ -296,7 +351,7 @@ impl Pass<'_> {
             .map(|s| s.iter().map(|_| Mutex::new(None)).collect())
             .collect();
         {
-            let (mut b, _) = self.backend(None)?;
+            let (mut b, _) = self.backend(self.ck, None)?;
             teacher_forced(
                 &mut b,
                 &self.head,
@@ -323,11 +378,58 @@ impl Pass<'_> {
             .collect())
     }
 
+    /// A cell's decode graph and head: to nearest, the grid baked in as the pass reads the checkpoint;
+    /// rounded, the rounded weights overlaid and nothing baked; a quantized head overlaid on the
+    /// embedding table (lookup and logits both read it, as a tied GGUF's token_embd). Also the embedding
+    /// table's error sums when it is quantized.
+    #[allow(clippy::type_complexity)]
+    fn cell_backend(
+        &self,
+        cell: &Cell,
+        rounded: Option<&Rounded>,
+    ) -> hexq_model::Result<(
+        GraphBackend,
+        Sqnr,
+        Option<hexq_runtime::graph::Head>,
+        Option<(f64, f64)>,
+    )> {
+        let head = rounded::head_values(self.ck, cell.scheme.grid, cell.head)?;
+        let ck = match (rounded, &head) {
+            (None, None) => self.ck.clone(),
+            _ => {
+                let mut q = hexq_model::Checkpoint::open(&self.ck.dir)?;
+                if let Some(r) = rounded {
+                    q.overlay_values(&r.values)?;
+                }
+                if let Some((h, _)) = &head {
+                    q.overlay_values(h)?;
+                }
+                Arc::new(q)
+            }
+        };
+        let (b, sq) = match rounded {
+            None => self.backend(&ck, Some(cell.scheme.clone()))?,
+            Some(r) => {
+                let (b, sq) = self.backend(&ck, None)?;
+                *sq.lock().unwrap() = r.sums.clone();
+                (b, sq)
+            }
+        };
+        let rows = match head {
+            Some(_) => Some(hexq_runtime::graph::Head::of(&ck)?),
+            None => None,
+        };
+        Ok((b, sq, rows, head.map(|h| h.1)))
+    }
+
     /// One candidate's pass scored against float at every position, and its row.
-    fn row(&self, cand: Cand, float: &[Vec<FloatAt>]) -> hexq_model::Result<Row> {
-        let (name, (mut b, sq)) = match cand {
-            Cand::Grid(sc) => (&sc.name, self.backend(Some(sc.clone()))?),
-            Cand::Build(bd) => (&bd.name, self.build_backend(bd)?),
+    fn row(&self, cand: &Cand, float: &[Vec<FloatAt>]) -> hexq_model::Result<Row> {
+        let (name, (mut b, sq), head, head_sums) = match cand {
+            Cand::Cell { cell, rounded } => {
+                let (b, sq, h, hs) = self.cell_backend(cell, rounded.as_deref())?;
+                (&cell.scheme.name, (b, sq), h, hs)
+            }
+            Cand::Build(bd) => (&bd.name, self.build_backend(bd)?, None, None),
         };
         let at: Vec<Vec<Mutex<At>>> = self
             .seqs
@@ -336,7 +438,7 @@ impl Pass<'_> {
             .collect();
         teacher_forced(
             &mut b,
-            &self.head,
+            head.as_ref().unwrap_or(&self.head),
             self.seqs,
             self.batch,
             self.pb,
@@ -360,7 +462,7 @@ impl Pass<'_> {
                 };
             },
         )?;
-        drop(b);
+        drop((b, head));
         self.lap(name);
         let at: Vec<At> = at
             .into_iter()
@@ -375,22 +477,33 @@ impl Pass<'_> {
             .map(|(k, (s, n, _))| (k.to_string(), sqnr_db(*s, *n)))
             .collect();
         // A grid also on the (host-side) embedding table, for its SQNR; a build keeps it in float.
-        let (bits_per_weight, decoder_mib, activations) = match cand {
-            Cand::Grid(sc) => {
-                sqnr.insert("embeddings".into(), embedding_sqnr(self.ck, sc.grid)?);
+        // A float head: the embedding table's SQNR on the grid all the same (what it would cost); a build
+        // keeps it in float.
+        let (bits_per_weight, decoder_mib, activations, rounding, head) = match cand {
+            Cand::Cell { cell, .. } => {
+                let sc = &cell.scheme;
+                let e = match head_sums {
+                    Some((s, n)) => sqnr_db(s, n),
+                    None => embedding_sqnr(self.ck, sc.grid)?,
+                };
+                sqnr.insert("embeddings".into(), e);
                 self.lap("embedding SQNR");
                 let (b, m) = accounting(self.ck, |spec| {
                     (!(sc.mlp_only && spec.role != Role::Mlp)).then(|| sc.bpw(spec.shape[1]))
                 });
-                (b, m, "float".to_string())
+                let r = cell.rounding.name().to_string();
+                (b, m, "float".to_string(), r, cell.head.name(sc.grid))
             }
             Cand::Build(bd) => {
                 let (b, m) = accounting(self.ck, |spec| build_bpw(&bd.enc, spec));
-                (b, m, bd.activations())
+                let r = bd.enc.hexq["rounding"]["method"].as_str().unwrap_or("rtn");
+                (b, m, bd.activations(), r.to_string(), "float".to_string())
             }
         };
         Ok(Row {
             scheme: name.clone(),
+            rounding,
+            head,
             activations,
             bits_per_weight,
             decoder_mib,

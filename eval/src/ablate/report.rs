@@ -16,22 +16,34 @@ impl Report {
         };
         // The activations column only when a build sits beside the weights-only grids.
         let acts = self.rows.iter().any(|r| r.activations != "float");
+        // The rounding and head columns when some row is not to nearest with a float head.
+        let cross = self
+            .rows
+            .iter()
+            .any(|r| r.rounding != "rtn" || r.head != "float");
         let mut s = format!(
-            "{}ablation{} — {} prompts, {} positions; float perplexity {:.3}\n\n| scheme |{} bits/weight | decoder MiB | {} | top-1 vs float | KL mean | perplexity | hidden cos |\n|---|{}---|---|{}---|---|---|---|\n",
+            "{}ablation{} — {} prompts, {} positions; float perplexity {:.3}\n\n| scheme |{}{} bits/weight | decoder MiB | {} | top-1 vs float | KL mean | perplexity | hidden cos |\n|---|{}{}---|---|{}---|---|---|---|\n",
             if acts { "" } else { "weights-only " },
             if self.heavy_tail { " (heavy-tailed input channels)" } else { "" },
             self.prompts,
             self.positions,
             self.float_perplexity,
+            if cross { " rounding | head |" } else { "" },
             if acts { " activations |" } else { "" },
             classes.iter().map(|c| format!("SQNR {c} dB")).collect::<Vec<_>>().join(" | "),
+            if cross { "---|---|" } else { "" },
             if acts { "---|" } else { "" },
             "---|".repeat(classes.len())
         );
         for r in &self.rows {
             s += &format!(
-                "| {} |{} {:.3} | {:.2} | {} | {:.1} % | {:.4} | {:.3} | {:.5} |\n",
+                "| {} |{}{} {:.3} | {:.2} | {} | {:.1} % | {:.4} | {:.3} | {:.5} |\n",
                 r.scheme,
+                if cross {
+                    format!(" {} | {} |", r.rounding, r.head)
+                } else {
+                    String::new()
+                },
                 if acts {
                     format!(" {} |", r.activations)
                 } else {
@@ -58,7 +70,7 @@ impl Report {
     }
 
     pub fn csv(&self) -> String {
-        let mut s = String::from("scheme,activations,bits_per_weight,decoder_mib,sqnr_attention_db,sqnr_mlp_db,sqnr_embeddings_db,top1_agreement,kl_mean,perplexity,hidden_cosine_mean\n");
+        let mut s = String::from("scheme,rounding,head,activations,bits_per_weight,decoder_mib,sqnr_attention_db,sqnr_mlp_db,sqnr_embeddings_db,top1_agreement,kl_mean,perplexity,hidden_cosine_mean\n");
         for r in &self.rows {
             let g = |k: &str| {
                 r.sqnr_db
@@ -67,8 +79,10 @@ impl Report {
                     .unwrap_or_default()
             };
             s += &format!(
-                "{},{},{:.4},{:.3},{},{},{},{:.5},{:.6},{:.5},{:.6}\n",
+                "{},{},{},{},{:.4},{:.3},{},{},{},{:.5},{:.6},{:.5},{:.6}\n",
                 r.scheme,
+                r.rounding,
+                r.head,
                 r.activations,
                 r.bits_per_weight,
                 r.decoder_mib,
@@ -119,8 +133,20 @@ impl Report {
                 py(r.kl_mean / kmax),
             );
             s += &format!("<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"5\" fill=\"#1f77b4\"/>\n<path d=\"M{:.1},{:.1} l5,9 l-10,0 z\" fill=\"#d62728\"/>\n", x, k - 6.0);
-            s += &format!("<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#555\">{:.2}</text>\n", y - 10.0, r.scheme, h - m + 15.0, r.bits_per_weight);
+            s += &format!("<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n<text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#555\">{:.2}</text>\n", y - 10.0, label(r), h - m + 15.0, r.bits_per_weight);
         }
         s + "</svg>\n"
     }
+}
+
+/// A row's name in the plot: the scheme, and its rounding and head when not rtn / float.
+fn label(r: &super::Row) -> String {
+    let mut s = r.scheme.clone();
+    if r.rounding != "rtn" {
+        s += &format!(" {}", r.rounding);
+    }
+    if r.head != "float" {
+        s += &format!(" head {}", r.head);
+    }
+    s
 }
