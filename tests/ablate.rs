@@ -9,6 +9,17 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
 }
 
+/// `hexq ARGS` from the repository root (the bundled model, the datasets), its JSON on stdout.
+fn hexq_json(args: &[&str]) -> Value {
+    let o = Command::new(env!("CARGO_BIN_EXE_hexq"))
+        .current_dir(root())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 #[test]
 fn ablation_table_and_granularity_finding() {
     let t = tempfile::tempdir().unwrap();
@@ -16,13 +27,7 @@ fn ablation_table_and_granularity_finding() {
     let run = |extra: &[&str]| -> Value {
         let mut a = vec!["ablate", "--limit", "16", "--json"];
         a.extend(extra);
-        let o = Command::new(env!("CARGO_BIN_EXE_hexq"))
-            .current_dir(root())
-            .args(&a)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        serde_json::from_slice(&o.stdout).unwrap()
+        hexq_json(&a)
     };
     let plain = run(&[]);
     let heavy = run(&["--heavy-tail", "--plot", svg.to_str().unwrap()]);
@@ -226,13 +231,7 @@ fn rounding_and_head_cross_the_grids() {
     let run = |extra: &[&str]| -> Value {
         let mut a = vec!["ablate", "--limit", "2", "--calib-limit", "2", "--json"];
         a.extend(extra);
-        let o = Command::new(env!("CARGO_BIN_EXE_hexq"))
-            .current_dir(root())
-            .args(&a)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        serde_json::from_slice(&o.stdout).unwrap()
+        hexq_json(&a)
     };
     let plain = run(&["--schemes", "q4_0-g32"]);
     let r = run(&[

@@ -47,19 +47,10 @@ pub struct Args {
     /// Tokens generated greedily (and observed) after each calibration prompt.
     #[arg(long, default_value_t = 8)]
     pub calib_decode_tokens: usize,
-    /// GPTQ: columns per lazy-update block.
-    #[arg(long, default_value_t = 128, value_parser = super::positive)]
-    pub gptq_block: usize,
-    /// GPTQ: damping, a fraction of the mean of diag H.
-    #[arg(long, default_value_t = 0.01)]
-    pub gptq_damp: f64,
-    /// GPTQ: round inputs in order of descending Σx² (static groups).
-    #[arg(long)]
-    pub act_order: bool,
-    /// Memory for the Gram matrices of one calibration pass; ablate keeps every layer's, gathered in as
-    /// many passes as this takes.
-    #[arg(long, default_value_t = 6.0)]
-    pub rounding_mem_gib: f64,
+    /// GPTQ's options; ablate keeps every layer's Gram matrix, gathered in as many passes as the memory
+    /// budget takes.
+    #[command(flatten)]
+    pub gptq: super::rounding::GptqArgs,
     #[arg(long, default_value = "datasets/heldout.jsonl")]
     pub dataset: PathBuf,
     #[arg(long, default_value_t = 24, value_parser = super::positive)]
@@ -121,10 +112,7 @@ impl Args {
             calib_dataset: "datasets/calibration.jsonl".into(),
             calib_limit: 128,
             calib_decode_tokens: 8,
-            gptq_block: 128,
-            gptq_damp: 0.01,
-            act_order: false,
-            rounding_mem_gib: 6.0,
+            gptq: Default::default(),
             dataset,
             limit,
             heavy_tail: false,
@@ -260,7 +248,7 @@ fn inputs(ck: &Arc<Checkpoint>, a: &Args) -> Result<hexq_eval::ablate::Inputs> {
     let ra = super::rounding::Args {
         rounding_dataset: a.calib_dataset.clone(),
         rounding_limit: Some(a.calib_limit),
-        rounding_mem_gib: a.rounding_mem_gib,
+        gptq: a.gptq.clone(),
         ..Default::default()
     };
     let pass = super::rounding::Pass {
@@ -280,10 +268,6 @@ fn inputs(ck: &Arc<Checkpoint>, a: &Args) -> Result<hexq_eval::ablate::Inputs> {
     })?;
     Ok(hexq_eval::ablate::Inputs {
         grams,
-        gptq: rounding::gptq::Options {
-            block: a.gptq_block,
-            damp: a.gptq_damp,
-            act_order: a.act_order,
-        },
+        gptq: a.gptq.options(),
     })
 }

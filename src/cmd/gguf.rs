@@ -84,7 +84,7 @@ pub fn run(a: Args) -> Result<()> {
         "type": a.ty.name(), "pure": a.pure, "tensors": plan.len(), "tensor_types": types,
         "rounding": match &rounded {
             Some(r) => json!({"method": "gptq", "tensors": r.len(), "dataset_sha256": hexq_fsutil::sha256_file(&a.rounding.rounding_dataset)?,
-                "prompts": a.rounding.rounding_limit.unwrap_or(64), "block": a.rounding.gptq_block, "damp": a.rounding.gptq_damp, "act_order": a.rounding.act_order}),
+                "prompts": a.rounding.rounding_limit.unwrap_or(64), "block": a.rounding.gptq.gptq_block, "damp": a.rounding.gptq.gptq_damp, "act_order": a.rounding.gptq.act_order}),
             None => serde_json::Value::Null,
         },
         "imatrix": match (&a.imatrix, &imp) {
@@ -147,11 +147,7 @@ fn gptq_q4_0(
         decode_tokens: 8,
         prompts: 64,
     };
-    let go = hexq_quantize::rounding::gptq::Options {
-        block: a.rounding.gptq_block,
-        damp: a.rounding.gptq_damp,
-        act_order: a.rounding.act_order,
-    };
+    let go = a.rounding.gptq.options();
     let mut out = std::collections::HashMap::new();
     super::rounding::gather(&ck, &targets, &a.rounding, &pass, &mut |grams| {
         for (init, gram) in grams {

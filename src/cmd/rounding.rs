@@ -35,6 +35,13 @@ pub struct Args {
     /// Use only the first N prompts (default: as many as the stats were calibrated on).
     #[arg(long, value_parser = super::positive)]
     pub rounding_limit: Option<usize>,
+    #[command(flatten)]
+    pub gptq: GptqArgs,
+}
+
+/// GPTQ's options and the Gram pass's memory: shared by `quantize`, `gguf` and `ablate`.
+#[derive(clap::Args, Clone)]
+pub struct GptqArgs {
     /// GPTQ: columns per lazy-update block.
     #[arg(long, default_value_t = 128, value_parser = super::positive)]
     pub gptq_block: usize,
@@ -55,6 +62,14 @@ impl Default for Args {
             rounding: Method::Rtn,
             rounding_dataset: "datasets/calibration.jsonl".into(),
             rounding_limit: None,
+            gptq: GptqArgs::default(),
+        }
+    }
+}
+
+impl Default for GptqArgs {
+    fn default() -> Self {
+        GptqArgs {
             gptq_block: 128,
             gptq_damp: 0.01,
             act_order: false,
@@ -63,13 +78,19 @@ impl Default for Args {
     }
 }
 
-impl Args {
-    pub fn method(&self) -> Rounding {
-        let o = gptq::Options {
+impl GptqArgs {
+    pub fn options(&self) -> gptq::Options {
+        gptq::Options {
             block: self.gptq_block,
             damp: self.gptq_damp,
             act_order: self.act_order,
-        };
+        }
+    }
+}
+
+impl Args {
+    pub fn method(&self) -> Rounding {
+        let o = self.gptq.options();
         match self.rounding {
             Method::Rtn => Rounding::Rtn,
             Method::Seqmse => Rounding::SeqMse,
@@ -115,7 +136,7 @@ pub fn gather(
         let n = ck.info(t)?.shape[1];
         per_layer.entry(layer_of(t)).or_default().insert(n);
     }
-    let budget = (a.rounding_mem_gib * (1u64 << 30) as f64) as u64;
+    let budget = (a.gptq.rounding_mem_gib * (1u64 << 30) as f64) as u64;
     let mut groups: Vec<Vec<usize>> = vec![vec![]];
     let mut used = 0u64;
     for (l, ns) in &per_layer {

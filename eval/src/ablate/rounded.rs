@@ -223,14 +223,13 @@ pub fn imatrix_groups(w: &[f32], n: usize, g: usize, gram: &Gram) -> Vec<f32> {
             sum_x2 += v * v;
         }
         let sigma2 = sum_x2 / n as f32;
-        let mut l = vec![0i8; g];
+        let (mut l, mut wt) = (vec![0i8; g], vec![0f32; g]);
         for (xb, qb) in row.chunks_mut(g).zip(qw.chunks(g)) {
-            let wt: Vec<f32> = xb
-                .iter()
-                .zip(qb)
-                .map(|(&x, &q)| q * (sigma2 + x * x).sqrt())
-                .collect();
-            let d = hexq_gguf::weighted::make_qx_quants(8, xb, &mut l[..xb.len()], &wt);
+            for ((w, &x), &q) in wt.iter_mut().zip(xb.iter()).zip(qb) {
+                *w = q * (sigma2 + x * x).sqrt();
+            }
+            let k = xb.len();
+            let d = hexq_gguf::weighted::make_qx_quants(8, xb, &mut l[..k], &wt[..k]);
             let d = half::f16::from_f32(d).to_f32();
             for (x, &q) in xb.iter_mut().zip(&l) {
                 *x = (q as i32 - 8) as f32 * d;
