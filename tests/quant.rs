@@ -1252,7 +1252,7 @@ fn gptq_matches_the_reference_fasterquant() {
             damp: 0.01,
             act_order: act,
         };
-        let q = hexq_quantize::rounding::gptq::gptq(&w, n, &gram, &grid, &o).unwrap();
+        let q = hexq_quantize::rounding::gptq::gptq_gram(&w, n, &gram, &grid, &o).unwrap();
         let differ = (0..rows * n)
             .filter(|&i| (q[i] as f64 / s[i / n]).round() != (want[i] / s[i / n]).round())
             .count();

@@ -269,5 +269,6 @@ fn inputs(ck: &Arc<Checkpoint>, a: &Args) -> Result<hexq_eval::ablate::Inputs> {
     Ok(hexq_eval::ablate::Inputs {
         grams,
         gptq: a.gptq.options(),
+        factors: Default::default(),
     })
 }

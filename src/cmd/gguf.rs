@@ -150,32 +150,37 @@ fn gptq_q4_0(
     let go = a.rounding.gptq.options();
     let mut out = std::collections::HashMap::new();
     super::rounding::gather(&ck, &targets, &a.rounding, &pass, &mut |grams| {
-        for (init, gram) in grams {
-            let Some(t) = targets.get(&init) else {
-                continue;
-            };
-            let Some(gn) = hexq_model::names::gguf_name(t) else {
-                continue;
-            };
-            let w = ck.f32(t)?;
-            let n = gram.n;
-            if n % 32 != 0 {
-                continue;
+        for (gram, inits) in hexq_quantize::rounding::by_input(&grams) {
+            let factors = hexq_quantize::rounding::gptq::Factors::default();
+            for init in inits {
+                let Some(t) = targets.get(&init) else {
+                    continue;
+                };
+                let Some(gn) = hexq_model::names::gguf_name(t) else {
+                    continue;
+                };
+                let w = ck.f32(t)?;
+                let n = gram.n;
+                if n % 32 != 0 || w.len() % n != 0 {
+                    continue;
+                }
+                let scales: Vec<(f32, f32)> = w.chunks(32).map(q4_0_scale).collect();
+                let nb = n / 32;
+                let f = factors
+                    .get(&gram, &go)
+                    .map_err(|m| anyhow::anyhow!("{t}: {m}"))?;
+                let r = hexq_quantize::rounding::gptq::gptq(
+                    &w,
+                    &f,
+                    &|c, i, x| {
+                        let (d, id) = scales[c * nb + i / 32];
+                        q4_0_point(x, d, id)
+                    },
+                    &go,
+                )
+                .map_err(|m| anyhow::anyhow!("{t}: {m}"))?;
+                out.insert(gn, r);
             }
-            let scales: Vec<(f32, f32)> = w.chunks(32).map(q4_0_scale).collect();
-            let nb = n / 32;
-            let r = hexq_quantize::rounding::gptq::gptq(
-                &w,
-                n,
-                &gram,
-                &|c, i, x| {
-                    let (d, id) = scales[c * nb + i / 32];
-                    q4_0_point(x, d, id)
-                },
-                &go,
-            )
-            .map_err(|m| anyhow::anyhow!("{t}: {m}"))?;
-            out.insert(gn, r);
         }
         Ok(())
     })?;

@@ -213,16 +213,31 @@ pub fn apply(
         decode_tokens: st.decode_tokens,
         prompts: st.prompts,
     };
-    let mut rounded = rounding::Rounded::new();
+    let gptq = matches!(r, Rounding::Gptq(_) | Rounding::SeqMseGptq(_));
+    let p = rounding::overlay_path(out);
+    let mut ov = match gptq {
+        true => Some(rounding::OverlayWriter::new(&p)?),
+        false => None,
+    };
     let o = gather(ck, &targets, a, &pass, &mut |grams| {
         let pb = super::count_progress(r.name());
         pb.set_length(grams.len() as u64);
-        let got = rounding::apply(ck, g, enc, &grams, &r, &|w| {
-            pb.set_message(w.to_string());
-            pb.inc(1);
-        })?;
+        rounding::apply(
+            ck,
+            g,
+            enc,
+            &grams,
+            &r,
+            &|w| {
+                pb.set_message(w.to_string());
+                pb.inc(1);
+            },
+            &mut |t, v| match ov.as_mut() {
+                Some(ov) => ov.put(t, &v),
+                None => Ok(()),
+            },
+        )?;
         pb.finish_and_clear();
-        rounded.extend(got);
         Ok(())
     })?;
     let mut meta = serde_json::json!({
@@ -235,14 +250,14 @@ pub fn apply(
     if matches!(r, Rounding::SeqMse | Rounding::SeqMseGptq(_)) {
         meta["seqmse"] = serde_json::json!({"candidates": rounding::seqmse::CANDIDATES, "loss": "mse", "as": "aimet-onnx 2.42 apply_seq_mse"});
     }
-    if let Rounding::Gptq(go) | Rounding::SeqMseGptq(go) = r {
-        let p = rounding::overlay_path(out);
-        let sha = rounding::write_overlay(ck, &rounded, &p)?;
+    if let (Rounding::Gptq(go) | Rounding::SeqMseGptq(go), Some(ov)) = (r, ov) {
+        let count = ov.len();
+        let sha = ov.finish(ck)?;
         meta["gptq"] =
             serde_json::json!({"block": go.block, "damp": go.damp, "act_order": go.act_order});
         meta["weights"] = p.file_name().unwrap().to_string_lossy().to_string().into();
         meta["weights_sha256"] = sha.into();
-        meta["weights_rounded"] = rounded.len().into();
+        meta["weights_rounded"] = count.into();
     }
     enc.hexq["rounding"] = meta;
     Ok(())

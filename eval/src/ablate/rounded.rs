@@ -103,6 +103,8 @@ pub struct Cell {
 pub struct Inputs {
     pub grams: BTreeMap<String, Arc<Gram>>,
     pub gptq: gptq::Options,
+    /// GPTQ's factor of each Gram, made once for every cell that rounds by GPTQ.
+    pub factors: gptq::Factors,
 }
 
 /// Σx², Σ(x−q)², count per tensor class.
@@ -126,7 +128,7 @@ pub fn round_decoder(
         progress(tensor);
         let n = ck.info(tensor)?.shape[1];
         let w = ck.f32(tensor)?;
-        let q = round_one(&w, n, resolve(sc.grid, n), r, gram, &inp.gptq).map_err(|msg| {
+        let q = round_one(&w, n, resolve(sc.grid, n), r, gram, inp).map_err(|msg| {
             hexq_model::Error::Encoding {
                 tensor: tensor.clone(),
                 msg,
@@ -146,8 +148,8 @@ fn round_one(
     n: usize,
     grid: Grid,
     r: Rounding,
-    gram: &Gram,
-    go: &gptq::Options,
+    gram: &Arc<Gram>,
+    inp: &Inputs,
 ) -> Result<Vec<f32>, String> {
     let with_gptq = matches!(r, Rounding::Gptq | Rounding::SeqMseGptq);
     let seq = matches!(r, Rounding::SeqMse | Rounding::SeqMseGptq);
@@ -165,7 +167,7 @@ fn round_one(
                 false => base,
             };
             let at = |c: usize, _: usize, x: f32| e[c].fake_param(x);
-            on_grid(w, n, gram, go, with_gptq, &at)
+            on_grid(w, n, gram, inp, with_gptq, &at)
         }
         Grid::Lpbq(b) => {
             let l = match seq {
@@ -173,7 +175,7 @@ fn round_one(
                 false => hexq_quantize::lpbq::encode(w, n, b, 4, 4),
             };
             let at = |c: usize, i: usize, x: f32| l.fake_one(c, i, x, n);
-            on_grid(w, n, gram, go, with_gptq, &at)
+            on_grid(w, n, gram, inp, with_gptq, &at)
         }
         Grid::Group(g) if r == Rounding::Imatrix => Ok(imatrix_groups(w, n, g, gram)),
         Grid::Group(g) => {
@@ -187,7 +189,7 @@ fn round_one(
                 let (d, id) = scales[c * per + i / g];
                 q4_0_point(x, d, id)
             };
-            on_grid(w, n, gram, go, with_gptq, &at)
+            on_grid(w, n, gram, inp, with_gptq, &at)
         }
     }
 }
@@ -196,13 +198,20 @@ fn round_one(
 fn on_grid(
     w: &[f32],
     n: usize,
-    gram: &Gram,
-    go: &gptq::Options,
+    gram: &Arc<Gram>,
+    inp: &Inputs,
     with_gptq: bool,
     at: &(dyn Fn(usize, usize, f32) -> f32 + Sync),
 ) -> Result<Vec<f32>, String> {
     if with_gptq {
-        return gptq::gptq(w, n, gram, at, go);
+        if gram.n != n {
+            return Err(format!(
+                "the input statistics are {0}×{0}, the weight has {n} inputs",
+                gram.n
+            ));
+        }
+        let f = inp.factors.get(gram, &inp.gptq)?;
+        return gptq::gptq(w, &f, at, &inp.gptq);
     }
     Ok(w.iter()
         .enumerate()

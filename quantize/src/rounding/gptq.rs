@@ -8,9 +8,10 @@
 //! column's error `(w − q) / U_ii` fed into the columns after it inside the block, the block's errors into
 //! the rest at once. H is Σxxᵀ (the reference's `2/N Σxxᵀ` differs by a factor that cancels).
 
-use super::linalg::gptq_hinv_transposed;
+use super::linalg::{cholesky_upper_rev, dots, transpose};
 use hexq_calibrate::imatrix::Gram;
 use rayon::prelude::*;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Options {
@@ -32,100 +33,178 @@ impl Default for Options {
     }
 }
 
+/// GPTQ's factor of one Gram matrix: the input order, which inputs are dead, and `Vᵀ` for the damped,
+/// permuted `H = V Vᵀ` (`V` upper). Weights that share an input (q, k, v; gate, up) share it.
+pub struct Factor {
+    n: usize,
+    perm: Vec<usize>,
+    dead: Vec<bool>,
+    /// Row `j` = column `j` of `V`: nonzero on `0..=j`.
+    vt: Vec<f64>,
+}
+
+impl Factor {
+    pub fn new(gram: &Gram, o: &Options) -> Result<Factor, String> {
+        let n = gram.n;
+        let h = &gram.h;
+        let dead: Vec<bool> = (0..n).map(|i| h[i * n + i] == 0.0).collect();
+        let diag = |i: usize| if dead[i] { 1.0 } else { h[i * n + i] };
+        let mut perm: Vec<usize> = (0..n).collect();
+        if o.act_order {
+            perm.sort_by(|&a, &b| diag(b).total_cmp(&diag(a)).then(a.cmp(&b)));
+        }
+        let mut hp = vec![0.0f64; n * n];
+        hp.par_chunks_mut(n).enumerate().for_each(|(i, r)| {
+            for (j, x) in r.iter_mut().enumerate() {
+                *x = if i == j {
+                    diag(perm[i])
+                } else {
+                    h[perm[i] * n + perm[j]]
+                };
+            }
+        });
+        let damp = o.damp * (0..n).map(|i| hp[i * n + i]).sum::<f64>() / n as f64;
+        for i in 0..n {
+            hp[i * n + i] += damp;
+        }
+        if !cholesky_upper_rev(&mut hp, n) {
+            return Err("the input statistics are not positive definite even after damping".into());
+        }
+        let vt = transpose(&hp, n);
+        Ok(Factor { n, perm, dead, vt })
+    }
+}
+
+/// Factors by Gram matrix (the same `Arc` for weights that share an input), made once each.
+#[derive(Default)]
+pub struct Factors {
+    map: std::sync::Mutex<Vec<(Arc<Gram>, Arc<Factor>)>>,
+}
+
+impl Factors {
+    /// The factor of `g` under `o`, from the cache when `g` was seen (the options are the same for a
+    /// cache's life: one cache per run).
+    pub fn get(&self, g: &Arc<Gram>, o: &Options) -> Result<Arc<Factor>, String> {
+        if let Some((_, f)) = self
+            .map
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(k, _)| Arc::ptr_eq(k, g))
+        {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(Factor::new(g, o)?);
+        self.map.lock().unwrap().push((g.clone(), f.clone()));
+        Ok(f)
+    }
+    /// Forget every factor (their memory is a Gram's again).
+    pub fn clear(&self) {
+        self.map.lock().unwrap().clear();
+    }
+}
+
 /// The rounded weights, `[out, in]` like `w`: every value `grid(row, col, x)` of some `x`.
 /// `grid` maps a value of weight row `row`, input column `col` to its dequantized grid point.
+///
+/// In the form that needs no inverse (GPTQ is Babai's nearest-plane rounding on `H = V Vᵀ`; Chen et al.
+/// 2025): with `d = w − q` on the inputs already rounded, input `j` takes
+/// `q_j = grid(w_j + Σ_{i<j} V_ij d_i / V_jj)`, which is exactly the reference's `w_j` after its error
+/// feedback through `U = V⁻¹` (the upper factor of `H⁻¹`). Rows are independent; the sums over inputs
+/// before each block of `block` run as one tiled product, the rest inside the block.
 pub fn gptq(
+    w: &[f32],
+    f: &Factor,
+    grid: &(dyn Fn(usize, usize, f32) -> f32 + Sync),
+    o: &Options,
+) -> Result<Vec<f32>, String> {
+    let n = f.n;
+    if !w.len().is_multiple_of(n) {
+        return Err(format!(
+            "the input statistics are {n}×{n}, the weight is not a multiple of {n} wide"
+        ));
+    }
+    let rows = w.len() / n;
+    let (perm, vt) = (&f.perm, &f.vt);
+    let b = o.block.max(1);
+    // Row k of the weight in the factor's input order (dead inputs 0, as the reference), f64.
+    let wp: Vec<f64> = (0..rows * n)
+        .into_par_iter()
+        .map(|x| {
+            let c = perm[x % n];
+            if f.dead[c] {
+                0.0
+            } else {
+                w[x / n * n + c] as f64
+            }
+        })
+        .collect();
+    let mut d = vec![0.0f64; rows * n];
+    let mut q = vec![0.0f32; rows * n];
+    // Rows in tiles: each tile's rows go through every block in order.
+    const RT: usize = 32;
+    d.par_chunks_mut(RT * n)
+        .zip(q.par_chunks_mut(RT * n))
+        .enumerate()
+        .for_each(|(t, (dt, qt))| {
+            let r = dt.len() / n;
+            let mut acc = vec![0.0f64; b * r];
+            for i1 in (0..n).step_by(b) {
+                let i2 = (i1 + b).min(n);
+                acc.iter_mut().for_each(|x| *x = 0.0);
+                if i1 > 0 {
+                    // acc[j][k] = Σ_{i<i1} V_ij d_ki, in chunks of CH inputs (a fixed order).
+                    const CH: usize = 256;
+                    for p0 in (0..i1).step_by(CH) {
+                        let p1 = (p0 + CH).min(i1);
+                        let dr = &*dt;
+                        dots(
+                            i2 - i1,
+                            &|j| &vt[(i1 + j) * n + p0..(i1 + j) * n + p1],
+                            r,
+                            &|k| &dr[k * n + p0..k * n + p1],
+                            &mut |j, k, v| acc[j * r + k] += v,
+                        );
+                    }
+                }
+                for k in 0..r {
+                    let row = t * RT + k;
+                    for j in i1..i2 {
+                        let vj = &vt[j * n..j * n + j + 1];
+                        let dk = &dt[k * n..k * n + j];
+                        let inner: f64 = vj[i1..j].iter().zip(&dk[i1..j]).map(|(a, b)| a * b).sum();
+                        let x = wp[row * n + j] + (acc[(j - i1) * r + k] + inner) / vj[j];
+                        let g = grid(row, perm[j], x as f32);
+                        dt[k * n + j] = wp[row * n + j] - g as f64;
+                        qt[k * n + j] = g;
+                    }
+                }
+            }
+        });
+    let mut out = vec![0.0f32; rows * n];
+    out.par_chunks_mut(n).enumerate().for_each(|(k, r)| {
+        for i in 0..n {
+            r[perm[i]] = q[k * n + i];
+        }
+    });
+    Ok(out)
+}
+
+/// [`gptq`] of one weight with its own factor of `gram` (`inputs` wide).
+pub fn gptq_gram(
     w: &[f32],
     inputs: usize,
     gram: &Gram,
     grid: &(dyn Fn(usize, usize, f32) -> f32 + Sync),
     o: &Options,
 ) -> Result<Vec<f32>, String> {
-    let n = inputs;
-    if gram.n != n || !w.len().is_multiple_of(n) {
+    if gram.n != inputs {
         return Err(format!(
-            "the input statistics are {0}×{0}, the weight has {n} inputs",
+            "the input statistics are {0}×{0}, the weight has {inputs} inputs",
             gram.n
         ));
     }
-    let rows = w.len() / n;
-    let mut h = gram.h.clone();
-    let dead: Vec<bool> = (0..n).map(|i| h[i * n + i] == 0.0).collect();
-    for (i, _) in dead.iter().enumerate().filter(|(_, d)| **d) {
-        h[i * n + i] = 1.0;
-    }
-    let mut perm: Vec<usize> = (0..n).collect();
-    if o.act_order {
-        perm.sort_by(|&a, &b| h[b * n + b].total_cmp(&h[a * n + a]).then(a.cmp(&b)));
-    }
-    let mut hp = vec![0.0f64; n * n];
-    hp.par_chunks_mut(n).enumerate().for_each(|(i, r)| {
-        for (j, x) in r.iter_mut().enumerate() {
-            *x = h[perm[i] * n + perm[j]];
-        }
-    });
-    let damp = o.damp * (0..n).map(|i| hp[i * n + i]).sum::<f64>() / n as f64;
-    for i in 0..n {
-        hp[i * n + i] += damp;
-    }
-    let ut = gptq_hinv_transposed(&hp, n)
-        .ok_or("the input statistics are not positive definite even after damping")?;
-    drop(hp);
-    // Wt[i] = column perm[i] of w: one input's weights over every output row, contiguous.
-    let mut wt = vec![0.0f64; n * rows];
-    wt.par_chunks_mut(rows).enumerate().for_each(|(i, r)| {
-        let c = perm[i];
-        if !dead[c] {
-            for (k, x) in r.iter_mut().enumerate() {
-                *x = w[k * n + c] as f64;
-            }
-        }
-    });
-    let mut q = vec![0.0f32; n * rows];
-    let b = o.block.max(1);
-    let mut err = vec![0.0f64; b * rows];
-    for i1 in (0..n).step_by(b) {
-        let i2 = (i1 + b).min(n);
-        for i in i1..i2 {
-            let d = ut[i * n + i];
-            let col = perm[i];
-            let (qi, ei) = (
-                &mut q[i * rows..][..rows],
-                &mut err[(i - i1) * rows..][..rows],
-            );
-            for (k, (qk, ek)) in qi.iter_mut().zip(ei.iter_mut()).enumerate() {
-                let x = wt[i * rows + k];
-                *qk = grid(k, col, x as f32);
-                *ek = (x - *qk as f64) / d;
-            }
-            let ei = &err[(i - i1) * rows..][..rows];
-            let (_, after) = wt.split_at_mut((i + 1) * rows);
-            after[..(i2 - i - 1) * rows]
-                .par_chunks_mut(rows)
-                .enumerate()
-                .for_each(|(jj, r)| {
-                    let u = ut[(i + 1 + jj) * n + i];
-                    r.iter_mut().zip(ei).for_each(|(x, e)| *x -= u * e);
-                });
-        }
-        let errs = &err[..(i2 - i1) * rows];
-        wt[i2 * rows..]
-            .par_chunks_mut(rows)
-            .enumerate()
-            .for_each(|(jj, r)| {
-                let uj = &ut[(i2 + jj) * n + i1..(i2 + jj) * n + i2];
-                for (u, e) in uj.iter().zip(errs.chunks(rows)) {
-                    r.iter_mut().zip(e).for_each(|(x, e)| *x -= u * e);
-                }
-            });
-    }
-    let mut out = vec![0.0f32; rows * n];
-    out.par_chunks_mut(n).enumerate().for_each(|(k, r)| {
-        for i in 0..n {
-            r[perm[i]] = q[i * rows + k];
-        }
-    });
-    Ok(out)
+    gptq(w, &Factor::new(gram, o)?, grid, o)
 }
 
 /// `Σ_rows (w − q)ᵀ H (w − q)`: the output error of rounding `w` to `q` on the calibration inputs
@@ -192,7 +271,7 @@ mod tests {
                     act_order,
                     ..Default::default()
                 };
-                let q = gptq(&w, n, &g, &grid, &o).unwrap();
+                let q = gptq_gram(&w, n, &g, &grid, &o).unwrap();
                 assert!(q.iter().all(|&v| grid(0, 0, v) == v), "on the grid");
                 let (eg, er) = (output_error(&w, &q, &g), output_error(&w, &rtn, &g));
                 assert!(
@@ -202,7 +281,7 @@ mod tests {
             }
         }
         // The block size only changes the order of float operations, not the algorithm.
-        let a = gptq(
+        let a = gptq_gram(
             &w,
             n,
             &g,
@@ -213,7 +292,7 @@ mod tests {
             },
         )
         .unwrap();
-        let b = gptq(
+        let b = gptq_gram(
             &w,
             n,
             &g,

@@ -67,11 +67,22 @@ pub fn targets(graph: &Graph) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Rounded weights: checkpoint tensor (prefix-relative) → `[out, in]` values, each on its grid.
-pub type Rounded = BTreeMap<String, Vec<f32>>;
+/// The initializers of `grams` by the input they read (q, k, v share one Σxxᵀ; gate, up another), in the
+/// order of each input's first initializer: what one GPTQ factor serves.
+pub fn by_input(grams: &BTreeMap<String, Arc<Gram>>) -> Vec<(Arc<Gram>, Vec<String>)> {
+    let mut out: Vec<(Arc<Gram>, Vec<String>)> = Vec::new();
+    for (init, g) in grams {
+        match out.iter_mut().find(|(k, _)| Arc::ptr_eq(k, g)) {
+            Some((_, v)) => v.push(init.clone()),
+            None => out.push((g.clone(), vec![init.clone()])),
+        }
+    }
+    out
+}
 
 /// Apply `r` to the weights of `grams` (initializer → Σxxᵀ of its input): SeqMSE rewrites their encodings
-/// in `enc`; GPTQ returns their rounded values.
+/// in `enc`; GPTQ hands each weight's rounded values to `put` (checkpoint tensor, `[out, in]`) as it
+/// finishes, so a caller can stream them out. One GPTQ factor per input, dropped when its weights are done.
 pub fn apply(
     ck: &Checkpoint,
     graph: &Graph,
@@ -79,51 +90,62 @@ pub fn apply(
     grams: &BTreeMap<String, Arc<Gram>>,
     r: &Rounding,
     progress: &dyn Fn(&str),
-) -> Result<Rounded> {
+    put: &mut dyn FnMut(&str, Vec<f32>) -> Result<()>,
+) -> Result<()> {
     let tg = targets(graph);
-    let mut out = Rounded::new();
-    for (init, gram) in grams {
-        let Some(tensor) = tg.get(init) else {
-            continue;
-        };
-        progress(init);
-        let info = ck.info(tensor)?;
-        let n = info.shape[1];
-        let w = ck.f32(tensor)?;
-        let bad = |msg: String| Error::Encoding {
-            tensor: init.clone(),
-            msg,
-        };
-        if matches!(r, Rounding::SeqMse | Rounding::SeqMseGptq(_)) {
-            if let Some(l) = enc.lpbq_encodings.get(init) {
-                let l = l.to_lpbq();
-                let s = seqmse::lpbq_blocks(&w, n, gram, l.block, l.bw, l.scale_bits);
-                enc.lpbq_encodings
-                    .insert(init.clone(), LpbqEncoding::from_lpbq(init, &s));
-            } else if let Some(e) = enc.param_encodings.get_mut(init) {
-                if e.len() == info.shape[0] {
-                    *e = seqmse::per_channel(&w, n, gram, e);
+    for (gram, inits) in by_input(grams) {
+        let factors = gptq::Factors::default();
+        for init in &inits {
+            let Some(tensor) = tg.get(init) else {
+                continue;
+            };
+            progress(init);
+            let info = ck.info(tensor)?;
+            let n = info.shape[1];
+            let w = ck.f32(tensor)?;
+            let bad = |msg: String| Error::Encoding {
+                tensor: init.clone(),
+                msg,
+            };
+            if gram.n != n {
+                return Err(bad(format!(
+                    "the input statistics are {0}×{0}, the weight has {n} inputs",
+                    gram.n
+                )));
+            }
+            if matches!(r, Rounding::SeqMse | Rounding::SeqMseGptq(_)) {
+                if let Some(l) = enc.lpbq_encodings.get(init) {
+                    let l = l.to_lpbq();
+                    let s = seqmse::lpbq_blocks(&w, n, &gram, l.block, l.bw, l.scale_bits);
+                    enc.lpbq_encodings
+                        .insert(init.clone(), LpbqEncoding::from_lpbq(init, &s));
+                } else if let Some(e) = enc.param_encodings.get_mut(init) {
+                    if e.len() == info.shape[0] {
+                        *e = seqmse::per_channel(&w, n, &gram, e);
+                    }
                 }
             }
+            let Some(o) = r.gptq() else {
+                continue;
+            };
+            let q = if let Some(l) = enc.lpbq_encodings.get(init) {
+                let l = l.to_lpbq();
+                let f = factors.get(&gram, o).map_err(bad)?;
+                gptq::gptq(&w, &f, &|c, i, x| l.fake_one(c, i, x, n), o)
+            } else if let Some(e) = enc
+                .param_encodings
+                .get(init)
+                .filter(|e| e.len() == info.shape[0])
+            {
+                let f = factors.get(&gram, o).map_err(bad)?;
+                gptq::gptq(&w, &f, &|c, _, x| e[c].fake_param(x), o)
+            } else {
+                continue;
+            };
+            put(tensor, q.map_err(bad)?)?;
         }
-        let Some(o) = r.gptq() else {
-            continue;
-        };
-        let q = if let Some(l) = enc.lpbq_encodings.get(init) {
-            let l = l.to_lpbq();
-            gptq::gptq(&w, n, gram, &|c, i, x| l.fake_one(c, i, x, n), o)
-        } else if let Some(e) = enc
-            .param_encodings
-            .get(init)
-            .filter(|e| e.len() == info.shape[0])
-        {
-            gptq::gptq(&w, n, gram, &|c, _, x| e[c].fake_param(x), o)
-        } else {
-            continue;
-        };
-        out.insert(tensor.clone(), q.map_err(bad)?);
     }
-    Ok(out)
+    Ok(())
 }
 
 /// `enc.json` → `enc.weights.safetensors`: where the rounded weights of an encodings file live.
@@ -135,34 +157,99 @@ pub fn overlay_path(encodings: &Path) -> PathBuf {
     encodings.with_file_name(format!("{stem}.weights.safetensors"))
 }
 
-/// Write the rounded weights as f32 safetensors under the checkpoint's tensor names, streamed through a
-/// temp file; returns its SHA256.
-pub fn write_overlay(ck: &Checkpoint, rounded: &Rounded, path: &Path) -> Result<String> {
-    use hexq_model::weights::{safetensors_header, DType};
-    use std::io::Write;
-    let mut ts = Vec::new();
-    for t in rounded.keys() {
-        let info = ck.info(t)?;
-        ts.push((info.name.clone(), DType::F32, info.shape.clone()));
+/// The rounded weights as f32 safetensors under the checkpoint's tensor names, written as they come: each
+/// tensor is spilled to a temp file beside the overlay (so memory holds one weight, not the decoder), and
+/// [`OverlayWriter::finish`] lays them out in name order, whatever order they were rounded in (the bytes
+/// do not depend on how the layers were grouped).
+pub struct OverlayWriter {
+    path: PathBuf,
+    spill: hexq_fsutil::AtomicFile,
+    file: std::io::BufWriter<std::fs::File>,
+    /// Tensor → (offset, bytes) in the spill.
+    at: BTreeMap<String, (u64, u64)>,
+    pos: u64,
+}
+
+impl OverlayWriter {
+    pub fn new(path: &Path) -> Result<Self> {
+        let spill = hexq_fsutil::AtomicFile::new(&path.with_extension("spill"));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&spill.tmp)
+            .map_err(|e| Error::io(&spill.tmp, e))?;
+        Ok(OverlayWriter {
+            path: path.to_path_buf(),
+            file: std::io::BufWriter::new(file),
+            spill,
+            at: BTreeMap::new(),
+            pos: 0,
+        })
     }
-    let meta =
-        serde_json::json!({"format": "pt", "hexq": "rounded weights (hexq quantize --rounding)"});
-    let (hdr, _) = safetensors_header(&ts, &meta);
-    let out = hexq_fsutil::AtomicFile::new(path);
-    let io = |e| Error::io(path, e);
-    let mut f = std::io::BufWriter::new(std::fs::File::create(&out.tmp).map_err(io)?);
-    f.write_all(&hdr).map_err(io)?;
-    for v in rounded.values() {
-        f.write_all(bytemuck::cast_slice(v)).map_err(io)?;
+
+    /// Tensors written so far.
+    pub fn len(&self) -> usize {
+        self.at.len()
     }
-    f.into_inner()
-        .map_err(|e| io(e.into_error()))?
-        .sync_all()
-        .map_err(io)?;
-    out.commit()
-        .map_err(|e| Error::io(path, std::io::Error::other(e.to_string())))?;
-    hexq_fsutil::sha256_file(path)
-        .map_err(|e| Error::io(path, std::io::Error::other(e.to_string())))
+
+    pub fn is_empty(&self) -> bool {
+        self.at.is_empty()
+    }
+
+    /// One rounded tensor (checkpoint name, `[out, in]` values).
+    pub fn put(&mut self, tensor: &str, v: &[f32]) -> Result<()> {
+        use std::io::Write;
+        let bytes: &[u8] = bytemuck::cast_slice(v);
+        self.file
+            .write_all(bytes)
+            .map_err(|e| Error::io(&self.spill.tmp, e))?;
+        self.at
+            .insert(tensor.to_string(), (self.pos, bytes.len() as u64));
+        self.pos += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Header and data in name order, through a temp file renamed into place; returns its SHA256.
+    pub fn finish(self, ck: &Checkpoint) -> Result<String> {
+        use hexq_model::weights::{safetensors_header, DType};
+        use std::io::{Read, Seek, Write};
+        let path = self.path;
+        let spill_path = self.spill.tmp.clone();
+        let mut spill = self
+            .file
+            .into_inner()
+            .map_err(|e| Error::io(&spill_path, e.into_error()))?;
+        let mut ts = Vec::new();
+        for t in self.at.keys() {
+            let info = ck.info(t)?;
+            ts.push((info.name.clone(), DType::F32, info.shape.clone()));
+        }
+        let meta = serde_json::json!({"format": "pt", "hexq": "rounded weights (hexq quantize --rounding)"});
+        let (hdr, _) = safetensors_header(&ts, &meta);
+        let out = hexq_fsutil::AtomicFile::new(&path);
+        let io = |e| Error::io(&path, e);
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&out.tmp).map_err(io)?);
+        f.write_all(&hdr).map_err(io)?;
+        for (off, len) in self.at.values() {
+            let sio = |e| Error::io(&spill_path, e);
+            spill.seek(std::io::SeekFrom::Start(*off)).map_err(sio)?;
+            let copied = std::io::copy(&mut (&mut spill).take(*len), &mut f).map_err(sio)?;
+            if copied != *len {
+                return Err(Error::file(&spill_path, "the spilled weights are short"));
+            }
+        }
+        f.into_inner()
+            .map_err(|e| io(e.into_error()))?
+            .sync_all()
+            .map_err(io)?;
+        out.commit()
+            .map_err(|e| Error::io(&path, std::io::Error::other(e.to_string())))?;
+        drop(self.spill);
+        hexq_fsutil::sha256_file(&path)
+            .map_err(|e| Error::io(&path, std::io::Error::other(e.to_string())))
+    }
 }
 
 /// The overlay an encodings file names (`hexq.rounding.weights`, relative to the file), opened into `ck`.
