@@ -1004,11 +1004,7 @@ fn seqmse_matches_aimet_apply_seq_mse() {
                 }
             }
         }
-        let gram = hexq_calibrate::imatrix::Gram {
-            n: n_in,
-            h,
-            rows: rows as u64,
-        };
+        let gram = hexq_calibrate::imatrix::Gram::from_full(n_in, &h, rows as u64);
         use hexq_quantize::rounding::seqmse;
         let scale = |c: usize| e["scale"][c].as_f64().unwrap();
         if mode == "pc" {
@@ -1221,11 +1217,7 @@ fn gptq_matches_the_reference_fasterquant() {
     put("w.f64", &w.iter().map(|&v| v as f64).collect::<Vec<_>>());
     put("h.f64", &h);
     put("s.f64", &s);
-    let gram = hexq_calibrate::imatrix::Gram {
-        n,
-        h,
-        rows: t as u64,
-    };
+    let gram = hexq_calibrate::imatrix::Gram::from_full(n, &h, t as u64);
     for (block, act) in [(128usize, false), (32, false), (32, true)] {
         let o = Command::new("python3")
             .arg(root().join("tests/judges/gptq_reference.py"))

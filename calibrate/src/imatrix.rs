@@ -29,17 +29,23 @@ pub struct SquareSums {
     slot: HashMap<String, usize>,
     /// Slot → the weights it feeds (q, k and v share one input).
     weights: Vec<Vec<Fed>>,
-    /// Slot → (Σx² per column, or Σxxᵀ row-major; rows seen).
+    /// Slot → (Σx² per column; rows seen).
     sums: Vec<Mutex<(Vec<f64>, u64)>>,
+    /// Gram mode: slot → Σxxᵀ, made at the first rows.
+    grams: Vec<Mutex<Option<Gram>>>,
     /// Gram mode: rows not yet added.
     pending: Vec<Mutex<Vec<f32>>>,
 }
 
 const GRAM_ROWS: usize = 512;
 
-/// `h += xᵀx` for the rows of `x` (`cols` wide): the product by the f32 GEMM, the sum in f64.
-fn add_gram(h: &mut [f64], x: &[f32], cols: usize) {
+/// `h += xᵀx` for the rows of `x` (`h.n` wide): the product by the f32 GEMM, the sum in f64.
+fn add_gram(h: &mut Gram, x: &[f32]) {
+    let cols = h.n;
     let rows = x.len() / cols;
+    if rows == 0 {
+        return;
+    }
     let Ok(t) = Tensor::from_slice(x, (rows, cols), &candle_core::Device::Cpu) else {
         return;
     };
@@ -50,7 +56,7 @@ fn add_gram(h: &mut [f64], x: &[f32], cols: usize) {
         .and_then(|g| g.flatten_all())
         .and_then(|g| g.to_vec1::<f32>());
     if let Ok(g) = g {
-        h.iter_mut().zip(&g).for_each(|(a, x)| *a += *x as f64);
+        h.add_full_f32(&g);
     }
 }
 
@@ -81,6 +87,7 @@ impl SquareSums {
             slot: HashMap::new(),
             weights: Vec::new(),
             sums: Vec::new(),
+            grams: Vec::new(),
             pending: Vec::new(),
         };
         for n in g
@@ -94,6 +101,7 @@ impl SquareSums {
             let k = *s.slot.entry(n.inputs[0].clone()).or_insert_with(|| {
                 s.weights.push(Vec::new());
                 s.sums.push(Mutex::new((Vec::new(), 0)));
+                s.grams.push(Mutex::new(None));
                 s.pending.push(Mutex::new(Vec::new()));
                 s.weights.len() - 1
             });
@@ -110,6 +118,11 @@ impl SquareSums {
 
     pub fn watches(&self, name: &str) -> bool {
         self.slot.contains_key(name)
+    }
+
+    /// The weights that read each watched input (q, k, v share one), input by input.
+    pub fn inputs(&self) -> impl Iterator<Item = &[Fed]> {
+        self.weights.iter().map(|w| w.as_slice())
     }
 
     /// The weights watched, over all slots.
@@ -133,18 +146,16 @@ impl SquareSums {
             let Ok(v) = t.flatten_all().and_then(|f| f.to_vec1::<f32>()) else {
                 return;
             };
-            let mut e = self.sums[k].lock().unwrap();
-            if e.0.is_empty() {
-                e.0 = vec![0.0; cols * cols];
-            }
-            if e.0.len() != cols * cols {
+            let mut e = self.grams[k].lock().unwrap();
+            let g = e.get_or_insert_with(|| Gram::zeros(cols, 0));
+            if g.n != cols {
                 return;
             }
-            e.1 += rows as u64;
+            g.rows += rows as u64;
             let mut p = self.pending[k].lock().unwrap();
             p.extend_from_slice(&v);
             if p.len() >= GRAM_ROWS * cols {
-                add_gram(&mut e.0, &p, cols);
+                add_gram(g, &p);
                 p.clear();
             }
             return;
@@ -171,40 +182,45 @@ impl SquareSums {
     pub fn entries(&self) -> BTreeMap<String, (Vec<f32>, u64)> {
         let mut m = BTreeMap::new();
         for (k, ws) in self.weights.iter().enumerate() {
-            let e = self.sums[k].lock().unwrap();
-            if e.1 == 0 {
-                continue;
-            }
             let s: Vec<f32> = match self.gram {
-                false => e.0.iter().map(|&x| x as f32).collect(),
-                true => {
-                    let n = (e.0.len() as f64).sqrt() as usize;
-                    (0..n).map(|i| e.0[i * n + i] as f32).collect()
+                false => {
+                    let e = self.sums[k].lock().unwrap();
+                    if e.1 == 0 {
+                        continue;
+                    }
+                    e.0.iter().map(|&x| x as f32).collect()
                 }
+                true => match &*self.grams[k].lock().unwrap() {
+                    Some(g) if g.rows > 0 => (0..g.n).map(|i| g.diag(i) as f32).collect(),
+                    _ => continue,
+                },
+            };
+            let rows = match self.gram {
+                false => self.sums[k].lock().unwrap().1,
+                true => self.grams[k].lock().unwrap().as_ref().map_or(0, |g| g.rows),
             };
             for w in ws {
                 if let Some(name) = hexq_model::names::gguf_name(&w.tensor) {
-                    m.insert(name, (s.clone(), e.1));
+                    m.insert(name, (s.clone(), rows));
                 }
             }
         }
         m
     }
 
-    /// Σxxᵀ (`n × n`, row-major) and the rows seen, per initializer fed; taken out of the collector.
+    /// Σxxᵀ and the rows seen, per initializer fed; taken out of the collector (empty afterwards).
     pub fn take_grams(&self) -> BTreeMap<String, std::sync::Arc<Gram>> {
         let mut m = BTreeMap::new();
         for (k, ws) in self.weights.iter().enumerate() {
-            let mut e = self.sums[k].lock().unwrap();
-            if e.1 == 0 || !self.gram {
+            let Some(mut g) = self.grams[k].lock().unwrap().take() else {
+                continue;
+            };
+            let p = std::mem::take(&mut *self.pending[k].lock().unwrap());
+            add_gram(&mut g, &p);
+            if g.rows == 0 {
                 continue;
             }
-            let p = std::mem::take(&mut *self.pending[k].lock().unwrap());
-            let n = (e.0.len() as f64).sqrt() as usize;
-            add_gram(&mut e.0, &p, n);
-            let h = std::mem::take(&mut e.0);
-            let n = (h.len() as f64).sqrt() as usize;
-            let g = std::sync::Arc::new(Gram { n, h, rows: e.1 });
+            let g = std::sync::Arc::new(g);
             for w in ws {
                 m.insert(w.init.clone(), g.clone());
             }
@@ -213,10 +229,63 @@ impl SquareSums {
     }
 }
 
-/// Σxxᵀ of one input over the calibration rows.
+/// Σxxᵀ of one input over the calibration rows, symmetric, kept as its upper triangle (half the memory:
+/// E2B's widest input, 12,288, is 0.6 GB so).
 #[derive(Debug, Clone)]
 pub struct Gram {
     pub n: usize,
-    pub h: Vec<f64>,
     pub rows: u64,
+    /// Row `i` holds columns `i..n`, from [`Gram::at`]`(i)`.
+    upper: Vec<f64>,
+}
+
+impl Gram {
+    /// From a full row-major `n × n` matrix (its upper triangle is read).
+    pub fn from_full(n: usize, h: &[f64], rows: u64) -> Gram {
+        let mut g = Gram::zeros(n, rows);
+        for i in 0..n {
+            let at = g.at(i);
+            g.upper[at..at + n - i].copy_from_slice(&h[i * n + i..i * n + n]);
+        }
+        g
+    }
+    /// Bytes of an `n`-wide Gram.
+    pub fn bytes(n: usize) -> u64 {
+        (n * (n + 1) / 2 * 8) as u64
+    }
+    fn zeros(n: usize, rows: u64) -> Gram {
+        Gram {
+            n,
+            rows,
+            upper: vec![0.0; n * (n + 1) / 2],
+        }
+    }
+    /// Where row `i` (columns `i..n`) starts.
+    fn at(&self, i: usize) -> usize {
+        // Σ_{r<i} (n − r).
+        i * self.n - i * i.saturating_sub(1) / 2
+    }
+    /// Columns `i..n` of row `i`.
+    pub fn upper_row(&self, i: usize) -> &[f64] {
+        let at = self.at(i);
+        &self.upper[at..at + self.n - i]
+    }
+    pub fn get(&self, i: usize, j: usize) -> f64 {
+        let (a, b) = if i <= j { (i, j) } else { (j, i) };
+        self.upper[self.at(a) + b - a]
+    }
+    pub fn diag(&self, i: usize) -> f64 {
+        self.upper[self.at(i)]
+    }
+    /// Add the upper triangle of a full `n × n` f32 product.
+    fn add_full_f32(&mut self, g: &[f32]) {
+        let n = self.n;
+        for i in 0..n {
+            let at = self.at(i);
+            self.upper[at..at + n - i]
+                .iter_mut()
+                .zip(&g[i * n + i..i * n + n])
+                .for_each(|(a, x)| *a += *x as f64);
+        }
+    }
 }

@@ -129,24 +129,32 @@ pub fn gather(
     ) -> Result<()>,
 ) -> Result<hexq_calibrate::Options> {
     let tok = Tokenizer::from_dir(&ck.dir)?;
-    // Layers in groups whose Gram matrices fit the budget.
-    let mut per_layer: std::collections::BTreeMap<usize, std::collections::BTreeSet<usize>> =
-        Default::default();
-    for t in targets.values() {
-        let n = ck.info(t)?.shape[1];
-        per_layer.entry(layer_of(t)).or_default().insert(n);
+    let dg = hexq_graph::build(
+        &ck.config,
+        Variant::DecodeWgqa,
+        &GraphOptions {
+            context: pass.context,
+            seq: pass.seq,
+        },
+    );
+    let wanted = |t: &str| targets.values().any(|x| x == t);
+    // Bytes of each layer's Gram matrices: one per input its weights read (q, k, v share one).
+    let mut per_layer: std::collections::BTreeMap<usize, u64> = Default::default();
+    for fed in hexq_calibrate::imatrix::SquareSums::gram_for(&dg, &wanted).inputs() {
+        let n = ck.info(&fed[0].tensor)?.shape[1];
+        *per_layer.entry(layer_of(&fed[0].tensor)).or_default() +=
+            hexq_calibrate::imatrix::Gram::bytes(n);
     }
+    // Layers in groups whose Gram matrices fit the budget.
     let budget = (a.gptq.rounding_mem_gib * (1u64 << 30) as f64) as u64;
     let mut groups: Vec<Vec<usize>> = vec![vec![]];
     let mut used = 0u64;
-    for (l, ns) in &per_layer {
-        // A generous count: two inputs of each width a layer has.
-        let bytes: u64 = ns.iter().map(|&n| 2 * (n * n * 8) as u64).sum();
+    for (l, bytes) in per_layer {
         if used + bytes > budget && !groups.last().unwrap().is_empty() {
             groups.push(vec![]);
             used = 0;
         }
-        groups.last_mut().unwrap().push(*l);
+        groups.last_mut().unwrap().push(l);
         used += bytes;
     }
     let o = hexq_calibrate::Options {
@@ -167,10 +175,9 @@ pub fn gather(
         full_rings: false,
         bos_on_graph: true,
     };
-    let dg = hexq_graph::build(&ck.config, o.variant, &o.graph);
     for (gi, layers) in groups.iter().enumerate() {
         let sq = Arc::new(hexq_calibrate::imatrix::SquareSums::gram_for(&dg, &|t| {
-            layers.contains(&layer_of(t)) && targets.values().any(|x| x == t)
+            layers.contains(&layer_of(t)) && wanted(t)
         }));
         let obs = hexq_calibrate::RangeObserver {
             squares: Some(sq.clone()),

@@ -224,7 +224,7 @@ fn on_grid(
 pub fn imatrix_groups(w: &[f32], n: usize, g: usize, gram: &Gram) -> Vec<f32> {
     use rayon::prelude::*;
     let rows = gram.rows.max(1) as f64;
-    let qw: Vec<f32> = (0..n).map(|i| (gram.h[i * n + i] / rows) as f32).collect();
+    let qw: Vec<f32> = (0..n).map(|i| (gram.diag(i) / rows) as f32).collect();
     let mut out = w.to_vec();
     out.par_chunks_mut(n).for_each(|row| {
         let mut sum_x2 = 0f32;
@@ -326,9 +326,9 @@ mod tests {
         for i in 0..n {
             h[i * n + i] = (1.0 + 10.0 * rnd().abs() as f64).powi(2) * 7.0;
         }
-        let gram = Gram { n, h, rows: 7 };
+        let gram = Gram::from_full(n, &h, 7);
         let got = imatrix_groups(&w, n, 32, &gram);
-        let qw: Vec<f32> = (0..n).map(|i| (gram.h[i * n + i] / 7.0) as f32).collect();
+        let qw: Vec<f32> = (0..n).map(|i| (gram.diag(i) / 7.0) as f32).collect();
         for (r, row) in w.chunks(n).enumerate() {
             let mut b = Vec::new();
             hexq_gguf::weighted::q4_0_row(row, &qw, &mut b);

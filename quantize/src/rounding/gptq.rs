@@ -46,9 +46,8 @@ pub struct Factor {
 impl Factor {
     pub fn new(gram: &Gram, o: &Options) -> Result<Factor, String> {
         let n = gram.n;
-        let h = &gram.h;
-        let dead: Vec<bool> = (0..n).map(|i| h[i * n + i] == 0.0).collect();
-        let diag = |i: usize| if dead[i] { 1.0 } else { h[i * n + i] };
+        let dead: Vec<bool> = (0..n).map(|i| gram.diag(i) == 0.0).collect();
+        let diag = |i: usize| if dead[i] { 1.0 } else { gram.diag(i) };
         let mut perm: Vec<usize> = (0..n).collect();
         if o.act_order {
             perm.sort_by(|&a, &b| diag(b).total_cmp(&diag(a)).then(a.cmp(&b)));
@@ -59,7 +58,7 @@ impl Factor {
                 *x = if i == j {
                     diag(perm[i])
                 } else {
-                    h[perm[i] * n + perm[j]]
+                    gram.get(perm[i], perm[j])
                 };
             }
         });
@@ -215,13 +214,12 @@ pub fn output_error(w: &[f32], q: &[f32], gram: &Gram) -> f64 {
         .zip(q.par_chunks(n))
         .map(|(a, b)| {
             let d: Vec<f64> = a.iter().zip(b).map(|(x, y)| (*x - *y) as f64).collect();
+            // dᵀHd over the upper triangle: the diagonal once, the rest twice.
             (0..n)
                 .map(|i| {
-                    d[i] * gram.h[i * n..i * n + n]
-                        .iter()
-                        .zip(&d)
-                        .map(|(h, y)| h * y)
-                        .sum::<f64>()
+                    let r = gram.upper_row(i);
+                    let off: f64 = r[1..].iter().zip(&d[i + 1..]).map(|(h, y)| h * y).sum();
+                    d[i] * (r[0] * d[i] + 2.0 * off)
                 })
                 .sum::<f64>()
         })
@@ -247,14 +245,7 @@ mod tests {
                 }
             }
         }
-        (
-            w,
-            Gram {
-                n,
-                h,
-                rows: t as u64,
-            },
-        )
+        (w, Gram::from_full(n, &h, t as u64))
     }
 
     #[test]

@@ -108,13 +108,8 @@ pub fn lpbq_blocks(
 
 /// The `len × len` diagonal block of `gram` from index `at`, as an f32 tensor.
 fn gram_f32(gram: &Gram, at: usize, len: usize) -> Tensor {
-    let n = gram.n;
     let v: Vec<f32> = (at..at + len)
-        .flat_map(|i| {
-            gram.h[i * n + at..i * n + at + len]
-                .iter()
-                .map(|&x| x as f32)
-        })
+        .flat_map(|i| (at..at + len).map(move |j| gram.get(i, j) as f32))
         .collect();
     Tensor::from_vec(v, (len, len), &Device::Cpu).expect("shape")
 }
