@@ -37,6 +37,8 @@ enum Cmd {
     Calibrate(cmd::calibrate::Args),
     /// llama.cpp's importance matrix (GGUF) from chat-formatted decode loops, for `llama-quantize --imatrix`.
     Imatrix(cmd::imatrix::Args),
+    /// llama-perplexity's PPL (and, against a base logits file, its KLD statistics) on any backend.
+    Perplexity(cmd::perplexity::Args),
     /// Compute A16W8 encodings (AIMET/QNN format) from calibration stats and the weights.
     Quantize(cmd::quantize::Args),
     /// Quantsim vs float on held-out prompts: top-1, hidden cosine, KL, token-exact greedy, per-step cosine.
@@ -103,6 +105,7 @@ fn main() {
         Cmd::Graph(a) => cmd::graph::run(a),
         Cmd::Calibrate(a) => cmd::calibrate::run(a),
         Cmd::Imatrix(a) => cmd::imatrix::run(a),
+        Cmd::Perplexity(a) => cmd::perplexity::run(a),
         Cmd::Quantize(a) => cmd::quantize::run(a),
         Cmd::Verify(a) => cmd::verify::run(a),
         Cmd::Pipeline(a) => cmd::pipeline::run(a),

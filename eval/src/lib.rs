@@ -3,10 +3,12 @@
 //! - [`verify`]: quantsim (or any backend) vs the float graph on held-out chat prompts — next-token top-1,
 //!   hidden cosine, KL, token-exact greedy, the per-step decode cosine trace, norm collapse, coverage;
 //! - [`qnn`]: the same figures for compiled context binaries on QNN HTP (the simulator on x86-64);
-//! - [`ablate`]: weights-only grids (per-channel int8/int4, q4_0 and wider groups) side by side.
+//! - [`ablate`]: weights-only grids (per-channel int8/int4, q4_0 and wider groups) side by side;
+//! - [`perplexity`]: llama-perplexity's protocol, PPL and KLD statistics, its base-logits file format.
 //!
 //! May import: model, graph, kernels, runtime, calibrate, quantize, gguf, fsutil; nothing imports it but the CLI.
 
 pub mod ablate;
+pub mod perplexity;
 pub mod qnn;
 pub mod verify;

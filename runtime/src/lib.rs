@@ -29,6 +29,18 @@ pub trait Backend {
     fn reset(&mut self);
     /// Run `ids` at the next positions; return the logits (after softcap) of the last one.
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>>;
+    /// Run `ids` at the next positions; the logits of every one from index `from` of `ids` on (teacher
+    /// forcing, as perplexity scores). By default one position at a time through [`Backend::feed`].
+    fn feed_all(&mut self, ids: &[u32], from: usize) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(ids.len().saturating_sub(from));
+        for (i, &t) in ids.iter().enumerate() {
+            let l = self.feed(&[t])?;
+            if i >= from {
+                out.push(l);
+            }
+        }
+        Ok(out)
+    }
     /// Positions the backend can hold (the KV buffers' length), when bounded.
     fn capacity(&self) -> Option<usize> {
         None

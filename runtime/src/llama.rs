@@ -15,12 +15,14 @@ type NVocab = unsafe extern "C" fn(*mut c_void) -> c_int;
 type Reset = unsafe extern "C" fn(*mut c_void);
 type Eval = unsafe extern "C" fn(*mut c_void, *const c_int, c_int, *mut f32) -> c_int;
 type Free = unsafe extern "C" fn(*mut c_void);
+type EvalAll = unsafe extern "C" fn(*mut c_void, *const c_int, c_int, c_int, *mut f32) -> c_int;
 
 pub struct LlamaBackend {
     _lib: libloading::Library,
     h: *mut c_void,
     n_vocab: usize,
     eval: Eval,
+    eval_all: EvalAll,
     reset: Reset,
     free: Free,
     pub pos: usize,
@@ -118,6 +120,9 @@ impl LlamaBackend {
             let eval: Eval = *lib
                 .get::<Eval>(b"hq_eval")
                 .map_err(|e| Error::Llama(e.to_string()))?;
+            let eval_all: EvalAll = *lib
+                .get::<EvalAll>(b"hq_eval_all")
+                .map_err(|e| Error::Llama(e.to_string()))?;
             let reset: Reset = *lib
                 .get::<Reset>(b"hq_reset")
                 .map_err(|e| Error::Llama(e.to_string()))?;
@@ -138,6 +143,7 @@ impl LlamaBackend {
                 h,
                 n_vocab,
                 eval,
+                eval_all,
                 reset,
                 free,
                 pos: 0,
@@ -185,5 +191,37 @@ impl Backend for LlamaBackend {
         }
         self.pos += ids.len();
         Ok(out)
+    }
+    /// From a cleared cache: the whole of `ids` in one batch, logits kept from `from` on (as
+    /// llama-perplexity's batch does); otherwise one position at a time.
+    fn feed_all(&mut self, ids: &[u32], from: usize) -> Result<Vec<Vec<f32>>> {
+        if self.pos != 0 || ids.len() > self.n_ctx || from >= ids.len() {
+            let mut out = Vec::new();
+            for (i, &t) in ids.iter().enumerate() {
+                let l = self.feed(&[t])?;
+                if i >= from {
+                    out.push(l);
+                }
+            }
+            return Ok(out);
+        }
+        let toks: Vec<c_int> = ids.iter().map(|&i| i as c_int).collect();
+        let n = ids.len() - from;
+        let mut out = vec![0f32; n * self.n_vocab];
+        // SAFETY: toks and out live across the call; out holds (len − from) rows of n_vocab floats.
+        let r = unsafe {
+            (self.eval_all)(
+                self.h,
+                toks.as_ptr(),
+                toks.len() as c_int,
+                from as c_int,
+                out.as_mut_ptr(),
+            )
+        };
+        if r != 0 {
+            return Err(Error::Llama(format!("llama_decode returned {r}")));
+        }
+        self.pos = ids.len();
+        Ok(out.chunks(self.n_vocab).map(|c| c.to_vec()).collect())
     }
 }

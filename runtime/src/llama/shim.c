@@ -1,4 +1,4 @@
-// A six-function C surface over llama.cpp's API for hexq's `llama` backend. Compiled at first use against the
+// A seven-function C surface over llama.cpp's API for hexq's `llama` backend. Compiled at first use against the
 // llama.cpp build the user points at (headers + libllama.so) and loaded with dlopen, so hexq has no link-time
 // dependency on llama.cpp and no struct layouts to mirror in Rust.
 #include "llama.h"
@@ -45,6 +45,29 @@ int hq_eval(void * p, const int * tokens, int n, float * out) {
     if (!l) return -1;
     memcpy(out, l, sizeof(float) * h->n_vocab);
     return 0;
+}
+
+// Feed tokens at positions 0..n-1 of a cleared cache, one batch; copy the logits of positions from..n-1 into
+// out[(n - from) * n_vocab]. 0 on success.
+int hq_eval_all(void * p, const int * tokens, int n, int from, float * out) {
+    hq_t * h = p;
+    struct llama_batch b = llama_batch_init(n, 0, 1);
+    for (int i = 0; i < n; i++) {
+        b.token[i] = tokens[i];
+        b.pos[i] = i;
+        b.n_seq_id[i] = 1;
+        b.seq_id[i][0] = 0;
+        b.logits[i] = i >= from;
+    }
+    b.n_tokens = n;
+    int r = llama_decode(h->ctx, b);
+    for (int i = from; r == 0 && i < n; i++) {
+        const float * l = llama_get_logits_ith(h->ctx, i);
+        if (!l) r = -1;
+        else memcpy(out + (size_t) (i - from) * h->n_vocab, l, sizeof(float) * h->n_vocab);
+    }
+    llama_batch_free(b);
+    return r;
 }
 
 void hq_free(void * p) {
