@@ -11,9 +11,12 @@ fn f(r: &Value, k: &str) -> f64 {
     r[k].as_f64().unwrap()
 }
 
-/// Measured (2026-12-07, AMD EPYC Zen 5; 6 prompts, 135 positions): see BOUNDS. Held: q4_0-g32's
-/// imatrix below round to nearest; the best rounding at least halves round to nearest's KL on q4_0-g32 and
-/// lpbq-b64 (the goal, met on the full table too); A16W8 no worse with GPTQ than without.
+/// Measured (2026-12-07, AMD EPYC Zen 5; 6 prompts, 135 positions), KL / top-1: q4_0-g32 rtn 0.4185 /
+/// 69.6 %, imatrix 0.2175 / 82.2 %, gptq 0.1005 / 85.9 %; lpbq-b64 rtn 0.6645 / 56.3 %, gptq 0.1302 /
+/// 86.7 %, seqmse-gptq 0.1197 / 90.4 %; A16W8 0.0082 → 0.0044 with GPTQ (top-1 98.5 % both). Held, with
+/// margin (BOUNDS): q4_0-g32's imatrix below round to nearest; the best rounding at least halves round to
+/// nearest's KL on q4_0-g32 and lpbq-b64 (the goal, met on the full table too); A16W8 no worse
+/// with GPTQ than without.
 #[test]
 fn roundings_halve_the_4_bit_kl_on_the_trained_model() {
     let Some((_, dir)) = common::trained_gemma3() else {
@@ -52,14 +55,21 @@ fn roundings_halve_the_4_bit_kl_on_the_trained_model() {
         format!("a16w8={}", p("enc.json")),
         format!("a16w8-gptq={}", p("gptq.json")),
     ];
-    let o = common::hexq_ok(&[
-        "ablate",
-        "--model",
-        m,
-        "--limit",
-        "6",
-        "--context",
-        "256",
+    let ablate = |extra: &[&str]| -> Value {
+        let mut a = vec![
+            "ablate",
+            "--model",
+            m,
+            "--limit",
+            "6",
+            "--context",
+            "256",
+            "--json",
+        ];
+        a.extend(extra);
+        serde_json::from_slice(&common::hexq_ok(&a).stdout).unwrap()
+    };
+    let r = ablate(&[
         "--schemes",
         "q4_0-g32,lpbq-b64",
         "--rounding",
@@ -68,13 +78,15 @@ fn roundings_halve_the_4_bit_kl_on_the_trained_model() {
         "32",
         "--calib-decode-tokens",
         "4",
+    ]);
+    let bd = ablate(&[
+        "--schemes",
+        "int8-pc",
         "--encodings",
         &builds[0],
         "--encodings",
         &builds[1],
-        "--json",
     ]);
-    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
     let rows = r["rows"].as_array().unwrap();
     let kl = |scheme: &str, rounding: &str| {
         let x = rows
@@ -83,7 +95,7 @@ fn roundings_halve_the_4_bit_kl_on_the_trained_model() {
             .unwrap_or_else(|| panic!("no row {scheme} {rounding}: {r}"));
         f(x, "kl_mean")
     };
-    for x in rows {
+    for x in rows.iter().chain(bd["rows"].as_array().unwrap()) {
         eprintln!(
             "{} {} {}: top-1 {:.4} KL {:.4} cos {:.5}",
             x["scheme"],
@@ -101,9 +113,12 @@ fn roundings_halve_the_4_bit_kl_on_the_trained_model() {
     assert!(kl("q4_0-g32", "imatrix") < kl("q4_0-g32", "rtn"));
     assert!(kl("q4_0-g32", "gptq") <= 0.5 * kl("q4_0-g32", "rtn"));
     assert!(kl("lpbq-b64", "seqmse-gptq") <= 0.5 * kl("lpbq-b64", "rtn"));
-    // The A16W8 builds carry their names as schemes; GPTQ's is no worse (a small tolerance for noise).
+    // The A16W8 builds carry their names as schemes; GPTQ's is no worse.
     let b = |s: &str| {
-        rows.iter()
+        bd["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
             .find(|x| x["scheme"] == s)
             .map(|x| f(x, "kl_mean"))
             .unwrap()
@@ -117,10 +132,10 @@ fn roundings_halve_the_4_bit_kl_on_the_trained_model() {
 }
 
 const BOUNDS: [(&str, &str, f64); 6] = [
-    ("q4_0-g32", "rtn", 0.6),
-    ("q4_0-g32", "imatrix", 0.4),
-    ("q4_0-g32", "gptq", 0.2),
-    ("lpbq-b64", "rtn", 0.9),
-    ("lpbq-b64", "gptq", 0.3),
-    ("lpbq-b64", "seqmse-gptq", 0.2),
+    ("q4_0-g32", "rtn", 0.46),
+    ("q4_0-g32", "imatrix", 0.25),
+    ("q4_0-g32", "gptq", 0.13),
+    ("lpbq-b64", "rtn", 0.72),
+    ("lpbq-b64", "gptq", 0.16),
+    ("lpbq-b64", "seqmse-gptq", 0.15),
 ];
