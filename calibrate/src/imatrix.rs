@@ -39,24 +39,36 @@ pub struct SquareSums {
 
 const GRAM_ROWS: usize = 512;
 
-/// `h += xᵀx` for the rows of `x` (`h.n` wide): the product by the f32 GEMM, the sum in f64.
+/// Columns per block of the upper-triangle product: bounds the f32 transient at 1024 × n.
+const GRAM_COLS: usize = 1024;
+
+/// `h += xᵀx` for the rows of `x` (`h.n` wide): the upper triangle only, one block of GRAM_COLS columns
+/// at a time (`X[:, b]ᵀ X[:, b..]`) by the f32 GEMM, the sum in f64.
 fn add_gram(h: &mut Gram, x: &[f32]) {
-    let cols = h.n;
-    let rows = x.len() / cols;
+    let n = h.n;
+    let rows = x.len() / n;
     if rows == 0 {
         return;
     }
-    let Ok(t) = Tensor::from_slice(x, (rows, cols), &candle_core::Device::Cpu) else {
+    let Ok(t) = Tensor::from_slice(x, (rows, n), &candle_core::Device::Cpu) else {
         return;
     };
-    let g = t
-        .t()
-        .and_then(|xt| xt.contiguous())
-        .and_then(|xt| xt.matmul(&t))
-        .and_then(|g| g.flatten_all())
-        .and_then(|g| g.to_vec1::<f32>());
-    if let Ok(g) = g {
-        h.add_full_f32(&g);
+    for c0 in (0..n).step_by(GRAM_COLS) {
+        let w = GRAM_COLS.min(n - c0);
+        let g = t
+            .narrow(1, c0, w)
+            .and_then(|b| b.t())
+            .and_then(|b| b.contiguous())
+            .and_then(|b| {
+                t.narrow(1, c0, n - c0)
+                    .and_then(|r| r.contiguous())
+                    .and_then(|r| b.matmul(&r))
+            })
+            .and_then(|g| g.flatten_all())
+            .and_then(|g| g.to_vec1::<f32>());
+        if let Ok(g) = g {
+            h.add_block_f32(c0, w, &g);
+        }
     }
 }
 
@@ -277,15 +289,35 @@ impl Gram {
     pub fn diag(&self, i: usize) -> f64 {
         self.upper[self.at(i)]
     }
-    /// Add the upper triangle of a full `n × n` f32 product.
-    fn add_full_f32(&mut self, g: &[f32]) {
-        let n = self.n;
-        for i in 0..n {
+    /// Add rows `c0..c0 + w` of the upper triangle from `g` (`w × (n − c0)`, columns from `c0`).
+    fn add_block_f32(&mut self, c0: usize, w: usize, g: &[f32]) {
+        let (n, span) = (self.n, self.n - c0);
+        for r in 0..w {
+            let i = c0 + r;
             let at = self.at(i);
             self.upper[at..at + n - i]
                 .iter_mut()
-                .zip(&g[i * n + i..i * n + n])
+                .zip(&g[r * span + r..(r + 1) * span])
                 .for_each(|(a, x)| *a += *x as f64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocked_upper_gram_is_xtx() {
+        // Wider than one block of columns, with a ragged last block.
+        let (rows, n) = (7usize, GRAM_COLS + 37);
+        let x: Vec<f32> = (0..rows * n).map(|i| ((i * 7919 % 211) as f32 / 211.0) - 0.5).collect();
+        let mut g = Gram::zeros(n, rows as u64);
+        add_gram(&mut g, &x);
+        for (i, j) in [(0, 0), (3, 900), (1000, 1030), (1030, 1060), (n - 1, n - 1), (5, n - 1)] {
+            let want: f64 = (0..rows).map(|r| x[r * n + i] as f64 * x[r * n + j] as f64).sum();
+            assert!((g.get(i, j) - want).abs() < 1e-4, "({i},{j}) {} vs {want}", g.get(i, j));
+            assert_eq!(g.get(i, j), g.get(j, i));
         }
     }
 }

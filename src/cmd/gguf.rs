@@ -150,7 +150,7 @@ fn gptq_q4_0(
     let go = a.rounding.gptq.options();
     let mut out = std::collections::HashMap::new();
     super::rounding::gather(&ck, &targets, &a.rounding, &pass, &mut |grams| {
-        for (gram, inits) in hexq_quantize::rounding::by_input(&grams) {
+        for (gram, inits) in hexq_quantize::rounding::by_input(grams) {
             let factors = hexq_quantize::rounding::gptq::Factors::default();
             for init in inits {
                 let Some(t) = targets.get(&init) else {

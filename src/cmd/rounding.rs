@@ -184,6 +184,7 @@ pub fn gather(
             ..Default::default()
         };
         let pb = super::count_progress(&format!("inputs, pass {}/{}", gi + 1, groups.len()));
+        let t0 = std::time::Instant::now();
         hexq_calibrate::calibrate_with(
             ck.clone(),
             &tok,
@@ -195,7 +196,18 @@ pub fn gather(
             "float".into(),
         )?;
         pb.finish_and_clear();
+        let t1 = std::time::Instant::now();
         each(sq.take_grams())?;
+        // One line per pass, so a log shows where the time goes (the bars are drawn on terminals only).
+        eprintln!(
+            "rounding pass {}/{} (layers {}–{}): inputs {:.1} s, rounding {:.1} s",
+            gi + 1,
+            groups.len(),
+            layers.first().copied().unwrap_or(0),
+            layers.last().copied().unwrap_or(0),
+            (t1 - t0).as_secs_f64(),
+            t1.elapsed().as_secs_f64()
+        );
     }
     Ok(o)
 }
@@ -233,7 +245,7 @@ pub fn apply(
             ck,
             g,
             enc,
-            &grams,
+            grams,
             &r,
             &|w| {
                 pb.set_message(w.to_string());

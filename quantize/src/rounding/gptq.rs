@@ -8,7 +8,7 @@
 //! column's error `(w − q) / U_ii` fed into the columns after it inside the block, the block's errors into
 //! the rest at once. H is Σxxᵀ (the reference's `2/N Σxxᵀ` differs by a factor that cancels).
 
-use super::linalg::{cholesky_upper_rev, dots, transpose};
+use super::linalg::{cholesky_upper_rev, dots, transpose_in_place};
 use hexq_calibrate::imatrix::Gram;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -69,8 +69,13 @@ impl Factor {
         if !cholesky_upper_rev(&mut hp, n) {
             return Err("the input statistics are not positive definite even after damping".into());
         }
-        let vt = transpose(&hp, n);
-        Ok(Factor { n, perm, dead, vt })
+        transpose_in_place(&mut hp, n);
+        Ok(Factor {
+            n,
+            perm,
+            dead,
+            vt: hp,
+        })
     }
 }
 

@@ -69,12 +69,13 @@ pub fn targets(graph: &Graph) -> BTreeMap<String, String> {
 
 /// The initializers of `grams` by the input they read (q, k, v share one Σxxᵀ; gate, up another), in the
 /// order of each input's first initializer: what one GPTQ factor serves.
-pub fn by_input(grams: &BTreeMap<String, Arc<Gram>>) -> Vec<(Arc<Gram>, Vec<String>)> {
+/// Taken by value: once an input's weights are done, its Gram matrix is freed.
+pub fn by_input(grams: BTreeMap<String, Arc<Gram>>) -> Vec<(Arc<Gram>, Vec<String>)> {
     let mut out: Vec<(Arc<Gram>, Vec<String>)> = Vec::new();
     for (init, g) in grams {
-        match out.iter_mut().find(|(k, _)| Arc::ptr_eq(k, g)) {
-            Some((_, v)) => v.push(init.clone()),
-            None => out.push((g.clone(), vec![init.clone()])),
+        match out.iter_mut().find(|(k, _)| Arc::ptr_eq(k, &g)) {
+            Some((_, v)) => v.push(init),
+            None => out.push((g, vec![init])),
         }
     }
     out
@@ -87,12 +88,13 @@ pub fn apply(
     ck: &Checkpoint,
     graph: &Graph,
     enc: &mut Encodings,
-    grams: &BTreeMap<String, Arc<Gram>>,
+    grams: BTreeMap<String, Arc<Gram>>,
     r: &Rounding,
     progress: &dyn Fn(&str),
     put: &mut dyn FnMut(&str, Vec<f32>) -> Result<()>,
 ) -> Result<()> {
     let tg = targets(graph);
+    // Each input's Gram and factor are dropped as its weights finish.
     for (gram, inits) in by_input(grams) {
         let factors = gptq::Factors::default();
         for init in &inits {
