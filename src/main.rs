@@ -39,6 +39,8 @@ enum Cmd {
     Imatrix(cmd::imatrix::Args),
     /// llama-perplexity's PPL (and, against a base logits file, its KLD statistics) on any backend.
     Perplexity(cmd::perplexity::Args),
+    /// 0-shot chat-formatted multiple choice (MMLU's CSV or JSONL) on any backend, accuracy ± bootstrap SE.
+    Mmlu(cmd::mmlu::Args),
     /// Compute A16W8 encodings (AIMET/QNN format) from calibration stats and the weights.
     Quantize(cmd::quantize::Args),
     /// Quantsim vs float on held-out prompts: top-1, hidden cosine, KL, token-exact greedy, per-step cosine.
@@ -106,6 +108,7 @@ fn main() {
         Cmd::Calibrate(a) => cmd::calibrate::run(a),
         Cmd::Imatrix(a) => cmd::imatrix::run(a),
         Cmd::Perplexity(a) => cmd::perplexity::run(a),
+        Cmd::Mmlu(a) => cmd::mmlu::run(a),
         Cmd::Quantize(a) => cmd::quantize::run(a),
         Cmd::Verify(a) => cmd::verify::run(a),
         Cmd::Pipeline(a) => cmd::pipeline::run(a),

@@ -196,3 +196,58 @@ fn perplexity_and_kld_equal_llama_perplexity_on_the_trained_model() {
         "llama-perplexity reads hexq's base: KLD {self_kld} of f32 vs itself"
     );
 }
+
+/// On the bundled tiny model: the cpu reference and hexq's graph interpreter give the same PPL, the graph's
+/// KLD against the cpu's base is 0, and the bad inputs are refused naming the file.
+#[test]
+fn backends_agree_and_bad_inputs_are_refused_on_the_tiny_model() {
+    let t = tempfile::tempdir().unwrap();
+    let p = |n: &str| t.path().join(n).display().to_string();
+    let txt = text(t.path());
+    let run = |extra: &[&str]| {
+        let mut a = vec!["perplexity", "--ctx", "64", "--chunks", "3", "--json"];
+        a.extend(extra);
+        hexq_json(&a)
+    };
+    let cpu = run(&[
+        "--backend",
+        "cpu",
+        "--text",
+        &txt,
+        "--save-logits",
+        &p("base.dat"),
+    ]);
+    let graph = run(&["--backend", "graph", "--context", "64", "--text", &txt]);
+    let (a, b) = (cpu["ppl"].as_f64().unwrap(), graph["ppl"].as_f64().unwrap());
+    assert_eq!(cpu["count"], 3 * 31);
+    assert!(((a - b) / a).abs() < 1e-4, "cpu {a} vs graph {b}");
+    let k = run(&[
+        "--backend",
+        "graph",
+        "--context",
+        "64",
+        "--kl-base",
+        &p("base.dat"),
+    ]);
+    assert!(k["kld_mean"].as_f64().unwrap().abs() < 1e-4, "{k}");
+    assert_eq!(k["same_top"], 1.0, "{k}");
+    // A text shorter than two chunks, a file that is not a base, an existing --save-logits.
+    std::fs::write(p("short.txt"), "the sea").unwrap();
+    let e = common::hexq_err(&["perplexity", "--text", &p("short.txt"), "--ctx", "64"]);
+    assert!(
+        e.contains("short.txt") && e.contains("at least 128 tokens"),
+        "{e}"
+    );
+    let e = common::hexq_err(&["perplexity", "--kl-base", &txt]);
+    assert!(e.contains("text.txt") && e.contains("_logits_"), "{e}");
+    let e = common::hexq_err(&[
+        "perplexity",
+        "--text",
+        &txt,
+        "--ctx",
+        "64",
+        "--save-logits",
+        &p("base.dat"),
+    ]);
+    assert!(e.contains("already exists"), "{e}");
+}

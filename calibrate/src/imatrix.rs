@@ -311,12 +311,27 @@ mod tests {
     fn blocked_upper_gram_is_xtx() {
         // Wider than one block of columns, with a ragged last block.
         let (rows, n) = (7usize, GRAM_COLS + 37);
-        let x: Vec<f32> = (0..rows * n).map(|i| ((i * 7919 % 211) as f32 / 211.0) - 0.5).collect();
+        let x: Vec<f32> = (0..rows * n)
+            .map(|i| ((i * 7919 % 211) as f32 / 211.0) - 0.5)
+            .collect();
         let mut g = Gram::zeros(n, rows as u64);
         add_gram(&mut g, &x);
-        for (i, j) in [(0, 0), (3, 900), (1000, 1030), (1030, 1060), (n - 1, n - 1), (5, n - 1)] {
-            let want: f64 = (0..rows).map(|r| x[r * n + i] as f64 * x[r * n + j] as f64).sum();
-            assert!((g.get(i, j) - want).abs() < 1e-4, "({i},{j}) {} vs {want}", g.get(i, j));
+        for (i, j) in [
+            (0, 0),
+            (3, 900),
+            (1000, 1030),
+            (1030, 1060),
+            (n - 1, n - 1),
+            (5, n - 1),
+        ] {
+            let want: f64 = (0..rows)
+                .map(|r| x[r * n + i] as f64 * x[r * n + j] as f64)
+                .sum();
+            assert!(
+                (g.get(i, j) - want).abs() < 1e-4,
+                "({i},{j}) {} vs {want}",
+                g.get(i, j)
+            );
             assert_eq!(g.get(i, j), g.get(j, i));
         }
     }

@@ -13,6 +13,7 @@ pub mod graph;
 pub mod imatrix;
 pub mod import;
 pub mod inspect;
+pub mod mmlu;
 pub mod perplexity;
 pub mod pipeline;
 pub mod quantize;

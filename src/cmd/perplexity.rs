@@ -38,15 +38,19 @@ pub struct Args {
     pub json: bool,
 }
 
-/// The backend the run scores: `open_backend`'s, or quantsim of `--encodings` on the graph backend.
-fn backend(a: &Args) -> Result<(Box<dyn hexq_runtime::Backend>, hexq_model::chat::Tokenizer)> {
-    let Some(e) = &a.encodings else {
-        return open_backend(&a.b);
+/// The backend a run scores: `open_backend`'s, or quantsim of `encodings` on the graph backend (shared with
+/// `hexq mmlu`).
+pub fn backend(
+    b: &BackendArgs,
+    encodings: Option<&PathBuf>,
+) -> Result<(Box<dyn hexq_runtime::Backend>, hexq_model::chat::Tokenizer)> {
+    let Some(e) = encodings else {
+        return open_backend(b);
     };
-    if !matches!(a.b.backend, super::run::BackendKind::Graph) {
+    if !matches!(b.backend, super::run::BackendKind::Graph) {
         anyhow::bail!("--encodings needs --backend graph (quantsim runs on hexq's graph)");
     }
-    let dir = super::model_dir(a.b.model.clone())?;
+    let dir = super::model_dir(b.model.clone())?;
     let enc: hexq_quantize::Encodings = super::read_json(e)?;
     let mut q = hexq_model::Checkpoint::open(&dir)?;
     hexq_quantize::rounding::open_overlay(&mut q, &enc, e)?;
@@ -72,7 +76,7 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(p) = &a.save_logits {
         super::refuse_existing(p, a.force)?;
     }
-    let (mut b, tok) = backend(&a)?;
+    let (mut b, tok) = backend(&a.b, a.encodings.as_ref())?;
     let bos = tok
         .token_to_id("<bos>")
         .ok_or_else(|| anyhow::anyhow!("the tokenizer has no <bos> token"))?;
@@ -97,7 +101,14 @@ pub fn run(a: Args) -> Result<()> {
         Some(r) => (0..r.n_chunk.min(a.chunks.unwrap_or(usize::MAX)))
             .map(|i| &tokens[i * ctx..(i + 1) * ctx])
             .collect(),
-        None => pp::chunks(&tokens, ctx, a.chunks)?,
+        None => pp::chunks(&tokens, ctx, a.chunks).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: {e}",
+                a.text
+                    .as_ref()
+                    .map_or(String::new(), |t| t.display().to_string())
+            )
+        })?,
     };
     let first = pp::first(ctx);
     let pb = super::count_progress("perplexity");

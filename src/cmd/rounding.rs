@@ -199,12 +199,22 @@ pub fn gather(
         let t1 = std::time::Instant::now();
         each(sq.take_grams())?;
         // One line per pass, so a log shows where the time goes (the bars are drawn on terminals only).
+        let ls: Vec<usize> = layers
+            .iter()
+            .copied()
+            .filter(|&l| l != usize::MAX)
+            .collect();
         eprintln!(
-            "rounding pass {}/{} (layers {}–{}): inputs {:.1} s, rounding {:.1} s",
+            "rounding pass {}/{} (layers {}–{}{}): inputs {:.1} s, rounding {:.1} s",
             gi + 1,
             groups.len(),
-            layers.first().copied().unwrap_or(0),
-            layers.last().copied().unwrap_or(0),
+            ls.first().copied().unwrap_or(0),
+            ls.last().copied().unwrap_or(0),
+            if ls.len() < layers.len() {
+                " and the tensors outside layers"
+            } else {
+                ""
+            },
             (t1 - t0).as_secs_f64(),
             t1.elapsed().as_secs_f64()
         );
