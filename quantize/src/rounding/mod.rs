@@ -5,7 +5,7 @@
 //! chat-formatted calibration ([`hexq_calibrate::imatrix::SquareSums::gram_for`]).
 //!
 //! GPTQ's result is weights: the rounded values, each exactly on its grid, written as an f32 safetensors
-//! overlay beside the encodings ([`write_overlay`]) that [`hexq_model::Checkpoint::overlay`] reads in place
+//! overlay beside the encodings ([`OverlayWriter`]) that [`hexq_model::Checkpoint::overlay`] reads in place
 //! of the checkpoint's, so quantsim, the QDQ export and the QNN compile round them to the same integers.
 //!
 //! The room: `mod.rs` (the methods, the entry point, the overlay), `seqmse.rs`, `gptq.rs`, `linalg.rs`.
