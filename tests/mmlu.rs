@@ -15,22 +15,30 @@ fn mmlu(extra: &[&str]) -> Value {
 #[test]
 fn the_same_answers_on_cpu_graph_and_ort() {
     let t = tempfile::tempdir().unwrap();
-    let exp = t.path().join("exp");
-    common::hexq_ok(&[
-        "export",
-        "--variant",
-        "decode_wgqa",
-        "--context",
-        "256",
-        "--out",
-        exp.to_str().unwrap(),
-    ]);
     let cpu = mmlu(&["--backend", "cpu"]);
-    let graph = mmlu(&["--backend", "graph", "--context", "256"]);
-    let ort = mmlu(&["--backend", "ort", "--artifacts", exp.to_str().unwrap()]);
+    let mut others = vec![mmlu(&["--backend", "graph", "--context", "256"])];
+    // onnxruntime: its PyPI wheel's library (a missing judge skips this part, as elsewhere).
+    if common::judge("onnxruntime") {
+        let exp = t.path().join("exp");
+        common::hexq_ok(&[
+            "export",
+            "--variant",
+            "decode_wgqa",
+            "--context",
+            "256",
+            "--out",
+            exp.to_str().unwrap(),
+        ]);
+        others.push(mmlu(&[
+            "--backend",
+            "ort",
+            "--artifacts",
+            exp.to_str().unwrap(),
+        ]));
+    }
     assert_eq!(cpu["questions"], 24);
     assert_eq!(cpu["subjects"].as_array().unwrap().len(), 6);
-    for r in [&graph, &ort] {
+    for r in &others {
         assert_eq!(r["answers"], cpu["answers"], "{} vs cpu", r["backend"]);
         assert_eq!(r["accuracy"], cpu["accuracy"]);
     }
