@@ -32,14 +32,7 @@ pub trait Backend {
     /// Run `ids` at the next positions; the logits of every one from index `from` of `ids` on (teacher
     /// forcing, as perplexity scores). By default one position at a time through [`Backend::feed`].
     fn feed_all(&mut self, ids: &[u32], from: usize) -> Result<Vec<Vec<f32>>> {
-        let mut out = Vec::with_capacity(ids.len().saturating_sub(from));
-        for (i, &t) in ids.iter().enumerate() {
-            let l = self.feed(&[t])?;
-            if i >= from {
-                out.push(l);
-            }
-        }
-        Ok(out)
+        feed_each(self, ids, from)
     }
     /// Positions the backend can hold (the KV buffers' length), when bounded.
     fn capacity(&self) -> Option<usize> {
@@ -49,6 +42,22 @@ pub trait Backend {
     fn stats(&self) -> Option<serde_json::Value> {
         None
     }
+}
+
+/// [`Backend::feed_all`] one position at a time: the default, and a backend's fallback.
+pub fn feed_each<B: Backend + ?Sized>(
+    b: &mut B,
+    ids: &[u32],
+    from: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let mut out = Vec::with_capacity(ids.len().saturating_sub(from));
+    for (i, &t) in ids.iter().enumerate() {
+        let l = b.feed(&[t])?;
+        if i >= from {
+            out.push(l);
+        }
+    }
+    Ok(out)
 }
 
 /// The f32 reference forward with its KV cache.

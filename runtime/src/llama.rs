@@ -196,14 +196,7 @@ impl Backend for LlamaBackend {
     /// llama-perplexity's batch does); otherwise one position at a time.
     fn feed_all(&mut self, ids: &[u32], from: usize) -> Result<Vec<Vec<f32>>> {
         if self.pos != 0 || ids.len() > self.n_ctx || from >= ids.len() {
-            let mut out = Vec::new();
-            for (i, &t) in ids.iter().enumerate() {
-                let l = self.feed(&[t])?;
-                if i >= from {
-                    out.push(l);
-                }
-            }
-            return Ok(out);
+            return crate::feed_each(self, ids, from);
         }
         let toks: Vec<c_int> = ids.iter().map(|&i| i as c_int).collect();
         let n = ids.len() - from;
